@@ -1,0 +1,149 @@
+"""ImageService: the node's face of the layer store (resolve, mount, tag, list)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+import shutil
+
+from dsec.api.errors import NotFound
+from dsec.images import erofs
+from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
+from dsec.images.models import ImageConfig, ImageInfo, LayerRef, Manifest, ResolvedImage
+from dsec.images.mounts import LayerMounts, StoreLock
+from dsec.images.refs import check_digest, is_digest, normalize_ref
+from dsec.images.store import LocalStore
+
+__all__ = ["ImageService"]
+
+BUSYBOX_TAG = "busybox:latest"
+
+
+class ImageService:
+    """Layer blobs, manifests, tags and layer mounts, all under ``state_dir/"images"``."""
+
+    def __init__(self, state_dir: pathlib.Path) -> None:
+        self.root = pathlib.Path(state_dir) / "images"
+        self.store = LocalStore(self.root)
+        self.lock = StoreLock(self.root / ".lock")
+        self.mounts = LayerMounts(self.root / "mnt", self.lock, self.store.verify_blob)
+
+    # -- lookups -----------------------------------------------------------------------
+    def manifest_digest(self, ref: str) -> str:
+        """The manifest digest a tag or digest reference names; NotFound if unknown."""
+        if is_digest(ref):
+            self.store.manifest_bytes(ref)  # raises NotFound / CorruptBlob
+            return ref
+        digest = self.store.get_tag(normalize_ref(ref))
+        if digest is None:
+            known = list(self.store.tags())
+            shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+            raise NotFound(f"image {ref!r} not found; known: {shown or '(none)'}")
+        return digest
+
+    def manifest(self, ref: str) -> Manifest:
+        """The manifest a reference names."""
+        return self.store.get_manifest(self.manifest_digest(ref))
+
+    # -- the API the container backend uses --------------------------------------------
+    def resolve(self, image: str, layers: list[str] | None = None) -> ResolvedImage:
+        """Mount every layer of ``image`` plus extra ``layers`` (each a tag or manifest
+        digest, stacked on top in order) and return what an overlay mount needs."""
+        refs = [image, *(layers or [])]
+        digests = [self.manifest_digest(r) for r in refs]
+        manifests = [self.store.get_manifest(d) for d in digests]
+        layer_digests = [lr.digest for m in manifests for lr in m.layers]
+        for ref, m in zip(refs, manifests):
+            for lr in m.layers:
+                if not self.store.has_blob(lr.digest):
+                    raise NotFound(f"image {ref!r} names layer {lr.digest}, which is not "
+                                   f"in the store; import or pull it again")
+        mounted = [self.mounts.ensure(d) for d in layer_digests]
+        return ResolvedImage(
+            image=image, manifest_digest=digests[0], layer_digests=layer_digests,
+            config=_merge_config(manifests), lowerdirs=list(reversed(mounted)))
+
+    def list_images(self) -> list[ImageInfo]:
+        """Every tag with its manifest digest, layer count, total size and creation time."""
+        out = []
+        for name, digest in self.store.tags().items():
+            try:
+                m = self.store.get_manifest(digest)
+            except NotFound:
+                continue
+            out.append(ImageInfo(name=name, manifest_digest=digest, layers=len(m.layers),
+                                 size=sum(lr.size for lr in m.layers), created=m.created))
+        return out
+
+    def unmount_all(self) -> None:
+        """Unmount every layer mount of this store (tests' cleanup, node shutdown)."""
+        self.mounts.unmount_all()
+
+    def ensure_busybox(self) -> str:
+        """Make sure the built-in ``busybox`` image exists; returns its manifest digest.
+
+        Fast when it already exists; the layer is built reproducibly (fixed timestamps
+        and UUID), so two processes racing here write the same blob.
+        """
+        digest = self.store.get_tag(BUSYBOX_TAG)
+        if digest is not None:
+            try:
+                m = self.store.get_manifest(digest)
+                if all(self.store.has_blob(lr.digest) for lr in m.layers):
+                    return digest
+            except NotFound:
+                pass
+        work = self.store.tempdir("busybox-")
+        try:
+            rootfs = work / "rootfs"
+            rootfs.mkdir()
+            build_busybox_rootfs(rootfs)
+            layer = self.add_layer_dir(rootfs, all_root=True, fixed_time=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return self.commit(BUSYBOX_TAG, [layer], BUSYBOX_CONFIG)
+
+    # -- building blocks ---------------------------------------------------------------
+    def add_layer_dir(self, src: pathlib.Path, *, all_root: bool = False,
+                      fixed_time: bool = False) -> LayerRef:
+        """Build an EROFS layer from directory ``src`` and add it to the store."""
+        work = self.store.tempdir("mkfs-")
+        try:
+            out = work / "layer.erofs"
+            erofs.mkfs(out, src, all_root=all_root, fixed_time=fixed_time)
+            return self.store.add_blob_file(out)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def commit(self, tag: str | None, layers: list[LayerRef],
+               config: ImageConfig | None = None) -> str:
+        """Write a manifest of ``layers`` (bottom first) and point ``tag`` at it, if given.
+
+        Returns the manifest digest. Every layer must already be in the store.
+        """
+        for lr in layers:
+            check_digest(lr.digest)
+            if not self.store.has_blob(lr.digest):
+                raise NotFound(f"layer {lr.digest} is not in the store")
+        manifest = Manifest(layers=layers, config=config or ImageConfig(),
+                            created=dt.datetime.now(dt.timezone.utc))
+        digest = self.store.put_manifest(manifest)
+        if tag is not None:
+            self.store.set_tag(tag, digest)
+        return digest
+
+    def tag(self, ref: str, target: str) -> str:
+        """Point tag ``ref`` at the manifest ``target`` (a tag or digest) names."""
+        digest = self.manifest_digest(target)
+        self.store.set_tag(ref, digest)
+        return digest
+
+
+def _merge_config(manifests: list[Manifest]) -> ImageConfig:
+    """The first manifest's config, with later manifests' env and labels laid over it."""
+    base = manifests[0].config
+    env, labels = dict(base.env), dict(base.labels)
+    for m in manifests[1:]:
+        env.update(m.config.env)
+        labels.update(m.config.labels)
+    return base.model_copy(update={"env": env, "labels": labels})
