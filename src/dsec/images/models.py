@@ -72,3 +72,5 @@ class LayerInfo(_Model):
     digest: str = Field(description="'sha256:...' of the EROFS blob.")
     size: int = Field(description="Size of the blob in bytes.")
     id: str = Field(description="'lyr-' followed by the first 12 hex digits of the digest.")
+    manifest_digest: str | None = Field(None, description="Manifest written with it, if any.")
+    tag: str | None = Field(None, description="Tag pointed at that manifest, if any.")

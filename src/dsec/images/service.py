@@ -5,13 +5,17 @@ from __future__ import annotations
 import datetime as dt
 import pathlib
 import shutil
+import time
 
 from dsec.api.errors import NotFound
 from dsec.images import erofs
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
-from dsec.images.models import ImageConfig, ImageInfo, LayerRef, Manifest, ResolvedImage
+from dsec.images.gc import GcPlan, plan_gc
+from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
+                                ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
-from dsec.images.refs import check_digest, is_digest, normalize_ref
+from dsec.images.refs import check_digest, is_digest, layer_id, normalize_ref
+from dsec.images.stage import stage_upper
 from dsec.images.store import LocalStore
 
 __all__ = ["ImageService"]
@@ -137,6 +141,81 @@ class ImageService:
         digest = self.manifest_digest(target)
         self.store.set_tag(ref, digest)
         return digest
+
+
+    def untag(self, ref: str) -> None:
+        """Remove tag ``ref``; NotFound if it does not exist. Layers stay until :meth:`gc`."""
+        if not self.store.delete_tag(ref):
+            raise NotFound(f"tag {ref!r} not found")
+
+    def layer_ref(self, digest: str) -> LayerRef:
+        """The LayerRef (digest and size) of a layer in the store."""
+        try:
+            return LayerRef(digest=digest, size=self.store.blob_path(digest).stat().st_size)
+        except FileNotFoundError:
+            raise NotFound(f"layer {digest} is not in the store") from None
+
+    # -- snapshots and housekeeping ----------------------------------------------------
+    def pack_diff(self, upperdir: pathlib.Path, tag: str, base: ResolvedImage,
+                  exclude: list[str] | None = None,
+                  config: ImageConfig | None = None) -> LayerInfo:
+        """Turn a sandbox's overlay upper dir into a new layer and tag base + that layer.
+
+        Whiteouts and opaque directories are kept, so the tagged image reproduces the
+        sandbox's filesystem as it was. ``exclude``: sandbox paths or globs to clean out
+        first (e.g. ``["/tmp", "/root/.cache"]``). The upper dir is only read; pack a
+        paused or stopped sandbox for a consistent snapshot.
+        """
+        tag = normalize_ref(tag)
+        if not pathlib.Path(upperdir).is_dir():
+            raise NotFound(f"upper directory {upperdir} does not exist")
+        work = self.store.tempdir("pack-")
+        try:
+            rootfs = work / "rootfs"
+            rootfs.mkdir()
+            stage_upper(pathlib.Path(upperdir), rootfs, exclude)
+            layer = self.add_layer_dir(rootfs)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        layers = [self.layer_ref(d) for d in base.layer_digests] + [layer]
+        digest = self.commit(tag, layers, config or base.config)
+        return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
+                         manifest_digest=digest, tag=tag)
+
+    def gc(self, in_use: set[str] | None = None, grace_s: float = 600.0) -> GcPlan:
+        """Delete manifests no tag names and layers no kept manifest lists.
+
+        ``in_use``: layer or manifest digests live sandboxes hold (kept). Files younger
+        than ``grace_s`` are kept too, so a build that has written its layer but not yet
+        its tag is not collected from under it. Returns what was removed.
+        """
+        in_use = set(in_use or ())
+        now = time.time()
+        with self.lock.hold():
+            manifests = {}
+            for d in self.store.manifest_digests():
+                try:
+                    manifests[d] = [lr.digest for lr in self.store.get_manifest(d).layers]
+                except Exception:  # corrupt or unreadable: collected like an orphan
+                    manifests[d] = []
+            plan = plan_gc(self.store.tags(), manifests, self.store.blob_digests(), in_use)
+            young = {d for d in [*plan.layers, *plan.manifests] if now - self._mtime(d) < grace_s}
+            plan.layers = [d for d in plan.layers if d not in young]
+            plan.manifests = [d for d in plan.manifests if d not in young]
+            for d in plan.layers:
+                self.mounts.unmount(d)
+                path = self.store.blob_path(d)
+                plan.bytes_freed += path.stat().st_size
+                path.unlink()
+            for d in plan.manifests:
+                (self.store.manifests / d.split(":", 1)[1]).unlink(missing_ok=True)
+        return plan
+
+    def _mtime(self, digest: str) -> float:
+        for path in (self.store.blob_path(digest), self.store.manifests / digest.split(":")[1]):
+            if path.exists():
+                return path.stat().st_mtime
+        return 0.0
 
 
 def _merge_config(manifests: list[Manifest]) -> ImageConfig:

@@ -65,6 +65,7 @@ class LocalStore:
         dest = self.blob_path(digest)
         if dest.exists():
             path.unlink()
+            os.utime(dest)  # fresh again: a GC grace period protects it until it is tagged
         else:
             os.chmod(path, 0o444)
             os.replace(path, dest)

@@ -1,0 +1,123 @@
+"""Copy an overlay upper directory into a clean staging tree for ``mkfs.erofs``.
+
+The upper directory holds more than the sandbox's changes: overlayfs bookkeeping xattrs
+(``origin``, ``impure``, ``nlink``) that name inodes of this node only, and paths the caller
+wants cleaned before packing. Copying (rather than packing the upper dir in place) drops
+both, keeps whiteouts and opaque markers, and never touches a live sandbox's files.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import pathlib
+import shutil
+import stat
+
+from dsec.api.errors import InvalidArgument
+from dsec.images.whiteout import OPAQUE_XATTR, OVERLAY_XATTR_PREFIX, is_whiteout
+
+__all__ = ["stage_upper", "excluded"]
+
+# Layers made with these overlay features depend on the exact lower layers of one node.
+_UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
+
+
+def excluded(rel: str, patterns: list[str]) -> bool:
+    """True if ``rel`` ('/a/b', rooted at the sandbox's /) is or is under a pattern.
+
+    A pattern is an absolute path (``/tmp``) or an fnmatch glob (``/root/.cache/*``,
+    ``*.pyc``); a matching directory drops its whole subtree.
+    """
+    for pat in patterns:
+        p = "/" + pat.strip("/") if not pat.startswith("*") else pat
+        if rel == p or rel.startswith(p.rstrip("/") + "/") or fnmatch.fnmatchcase(rel, p):
+            return True
+    return False
+
+
+def _copy_xattrs(src: str, dst: str) -> None:
+    for name in os.listxattr(src, follow_symlinks=False):
+        if name.startswith(_UNSUPPORTED):
+            raise InvalidArgument(
+                f"{src} carries {name}: mount the sandbox overlay with redirect_dir=off "
+                f"and metacopy=off to pack it")
+        if name.startswith(OVERLAY_XATTR_PREFIX) and name != OPAQUE_XATTR:
+            continue
+        os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
+                    follow_symlinks=False)
+
+
+def _copy_meta(src: str, dst: str, st: os.stat_result, *, is_link: bool = False) -> None:
+    os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
+    if not is_link:
+        _copy_xattrs(src, dst)
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+
+def stage_upper(upper: pathlib.Path, dest: pathlib.Path, exclude: list[str] | None = None) -> int:
+    """Copy ``upper`` into the empty directory ``dest``; returns the number of entries.
+
+    Kept: files, directories, symlinks, hard links, fifos, whiteouts, opaque markers,
+    ownership, modes (setuid included: a packed sandbox may legitimately install one),
+    mtimes, user/security xattrs. Dropped: other device nodes, sockets, excluded paths.
+    """
+    exclude = exclude or []
+    links: dict[tuple[int, int], str] = {}
+    count = 0
+    dirs: list[tuple[str, str, os.stat_result]] = []
+    for dirpath, dirnames, filenames in os.walk(upper):
+        rel_path = os.path.relpath(dirpath, upper)
+        rel_dir = "/" if rel_path == "." else "/" + rel_path
+        out_dir = os.path.join(dest, rel_path)
+        keep = []
+        for name in sorted(dirnames):
+            src = os.path.join(dirpath, name)
+            rel = rel_dir.rstrip("/") + "/" + name
+            st = os.lstat(src)
+            if excluded(rel, exclude):
+                continue
+            if stat.S_ISLNK(st.st_mode):  # os.walk lists symlinks to dirs as dirs
+                filenames.append(name)
+                continue
+            os.mkdir(os.path.join(out_dir, name))
+            dirs.append((src, os.path.join(out_dir, name), st))
+            keep.append(name)
+            count += 1
+        dirnames[:] = keep
+        for name in sorted(filenames):
+            src = os.path.join(dirpath, name)
+            rel = rel_dir.rstrip("/") + "/" + name
+            if excluded(rel, exclude):
+                continue
+            count += _stage_entry(src, os.path.join(out_dir, name), links)
+    for src, dst, st in reversed(dirs):  # after children, so mtimes stick
+        _copy_meta(src, dst, st)
+    _copy_meta(str(upper), str(dest), os.lstat(upper))
+    return count
+
+
+def _stage_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
+    st = os.lstat(src)
+    mode = st.st_mode
+    if stat.S_ISREG(mode) and st.st_nlink > 1:
+        first = links.get((st.st_dev, st.st_ino))
+        if first is not None:
+            os.link(first, dst)
+            return 1
+        links[(st.st_dev, st.st_ino)] = dst
+    if stat.S_ISREG(mode):
+        shutil.copyfile(src, dst, follow_symlinks=False)
+    elif stat.S_ISLNK(mode):
+        os.symlink(os.readlink(src), dst)
+        _copy_meta(src, dst, st, is_link=True)
+        return 1
+    elif is_whiteout(st):
+        os.mknod(dst, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    elif stat.S_ISFIFO(mode):
+        os.mkfifo(dst)
+    else:
+        return 0  # device nodes and sockets are not layer content
+    _copy_meta(src, dst, st)
+    return 1
