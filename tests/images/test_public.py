@@ -6,6 +6,6 @@ import dsec.images
 def test_exports():
     assert set(dsec.images.__all__) == {
         "ImageService", "ResolvedImage", "ImageConfig", "ImageInfo", "LayerInfo", "LayerRef",
-        "Manifest", "CorruptBlob"}
+        "Manifest", "CorruptBlob", "TarLimits"}
     for name in dsec.images.__all__:
         assert getattr(dsec.images, name)

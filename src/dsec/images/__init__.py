@@ -8,6 +8,7 @@ as an overlay lower directory by every sandbox that stacks it.
 from dsec.images.models import ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest, ResolvedImage
 from dsec.images.service import ImageService
 from dsec.images.store import CorruptBlob
+from dsec.images.tarsafe import TarLimits
 
 __all__ = [
     "ImageService",
@@ -18,4 +19,5 @@ __all__ = [
     "LayerRef",
     "Manifest",
     "CorruptBlob",
+    "TarLimits",
 ]

@@ -8,7 +8,7 @@ import shutil
 import time
 
 from dsec.api.errors import NotFound
-from dsec.images import erofs
+from dsec.images import erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
 from dsec.images.gc import GcPlan, plan_gc
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
@@ -17,6 +17,7 @@ from dsec.images.mounts import LayerMounts, StoreLock
 from dsec.images.refs import check_digest, is_digest, layer_id, normalize_ref
 from dsec.images.stage import stage_upper
 from dsec.images.store import LocalStore
+from dsec.images.tarsafe import TarLimits
 
 __all__ = ["ImageService"]
 
@@ -26,7 +27,8 @@ BUSYBOX_TAG = "busybox:latest"
 class ImageService:
     """Layer blobs, manifests, tags and layer mounts, all under ``state_dir/"images"``."""
 
-    def __init__(self, state_dir: pathlib.Path) -> None:
+    def __init__(self, state_dir: pathlib.Path, limits: TarLimits | None = None) -> None:
+        self.limits = limits or TarLimits()
         self.root = pathlib.Path(state_dir) / "images"
         self.store = LocalStore(self.root)
         self.lock = StoreLock(self.root / ".lock")
@@ -154,6 +156,17 @@ class ImageService:
             return LayerRef(digest=digest, size=self.store.blob_path(digest).stat().st_size)
         except FileNotFoundError:
             raise NotFound(f"layer {digest} is not in the store") from None
+
+    # -- import --------------------------------------------------------------------------
+    def import_rootfs(self, src: pathlib.Path, tag: str | None = None,
+                      config: ImageConfig | None = None, base: str | None = None) -> LayerInfo:
+        """Import a rootfs directory or tar as one layer; with ``tag``, tag base + it."""
+        return importer.import_rootfs(self, src, tag, config, base)
+
+    def import_image(self, path: pathlib.Path, tag: str | None = None,
+                     ref: str | None = None) -> ImageInfo:
+        """Import an OCI image layout (dir or tar) or a ``docker save`` tarball."""
+        return importer.import_image(self, path, tag, ref)
 
     # -- snapshots and housekeeping ----------------------------------------------------
     def pack_diff(self, upperdir: pathlib.Path, tag: str, base: ResolvedImage,

@@ -1,0 +1,89 @@
+"""Turn tars, rootfs directories and OCI/Docker images into dsec layers and manifests."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+from typing import IO, TYPE_CHECKING
+
+from dsec.api.errors import InvalidArgument
+from dsec.images.models import ImageConfig, ImageInfo, LayerInfo, LayerRef
+from dsec.images.oci import HashingReader, open_image_source
+from dsec.images.refs import layer_id, normalize_ref
+from dsec.images.tarsafe import TarLimits, extract_layer
+
+if TYPE_CHECKING:
+    from dsec.images.service import ImageService
+
+__all__ = ["layer_from_tar", "import_rootfs", "import_image"]
+
+
+def layer_from_tar(svc: ImageService, fileobj: IO[bytes], limits: TarLimits,
+                   want: str | None = None, name: str = "layer") -> LayerRef:
+    """Extract a layer tar safely, convert its whiteouts, build and store an EROFS layer.
+
+    ``want``: the digest the tar's bytes must hash to (checked before anything is stored).
+    """
+    work = svc.store.tempdir("import-")
+    try:
+        rootfs = work / "rootfs"
+        rootfs.mkdir()
+        reader = HashingReader(fileobj)
+        extract_layer(reader, rootfs, limits)
+        got = reader.finish()
+        if want is not None and got != want:
+            raise InvalidArgument(f"layer {name} is corrupted: its bytes hash to {got}, "
+                                  f"the image says {want}")
+        return svc.add_layer_dir(rootfs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def import_rootfs(svc: ImageService, src: pathlib.Path, tag: str | None = None,
+                  config: ImageConfig | None = None, base: str | None = None) -> LayerInfo:
+    """Import a rootfs directory or tar (any compression tarfile reads) as one layer.
+
+    With ``tag``, also write a manifest (``base``'s layers, if given, plus this one) and tag it.
+    A directory is taken as it is (it is local and trusted); a tar goes through the checks of
+    :mod:`dsec.images.tarsafe`.
+    """
+    src = pathlib.Path(src)
+    if src.is_dir():
+        layer = svc.add_layer_dir(src)
+    elif src.is_file():
+        with open(src, "rb") as f:
+            layer = layer_from_tar(svc, f, svc.limits, name=src.name)
+    else:
+        raise InvalidArgument(f"{src} is neither a directory nor a tar file")
+    manifest = None
+    if tag is not None:
+        layers = [layer]
+        if base is not None:
+            bm = svc.manifest(base)
+            layers = [*bm.layers, layer]
+            config = config or bm.config
+        manifest = svc.commit(tag, layers, config)
+    return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
+                     manifest_digest=manifest, tag=normalize_ref(tag) if tag else None)
+
+
+def import_image(svc: ImageService, path: pathlib.Path, tag: str | None = None,
+                 ref: str | None = None) -> ImageInfo:
+    """Import an OCI layout (dir or tar) or a ``docker save`` tarball; one layer per layer.
+
+    ``ref`` picks an image when the source holds several; ``tag`` names the result
+    (default: the name recorded in the source).
+    """
+    with open_image_source(pathlib.Path(path), ref) as image:
+        name = tag or image.name
+        if name is None:
+            raise InvalidArgument(f"{path} records no image name; pass a tag")
+        name = normalize_ref(name)
+        layers = []
+        for src in image.layers:
+            with src.open() as f:
+                layers.append(layer_from_tar(svc, f, svc.limits, src.digest, src.name))
+        digest = svc.commit(name, layers, image.config)
+    m = svc.store.get_manifest(digest)
+    return ImageInfo(name=name, manifest_digest=digest, layers=len(m.layers),
+                     size=sum(lr.size for lr in m.layers), created=m.created)
