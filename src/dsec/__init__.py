@@ -1,0 +1,22 @@
+"""dsec: elastic sandboxes for agentic RL and LLM agent evaluation.
+
+    import dsec
+    async with dsec.AsyncClient() as client:
+        sb = await client.create(backend="container", image="busybox")
+        r = await sb.exec("echo hello")
+"""
+
+from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArgument,
+                             NotFound, SandboxStopped, SandboxTimeout, TrajectoryDiverged,
+                             Unauthorized, Unsupported)
+from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
+from dsec.sdk import AsyncClient, AsyncSandbox, AsyncShell, Client, Sandbox, Shell
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
+    "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
+    "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
+    "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Internal",
+]

@@ -1,0 +1,119 @@
+"""The one exception tree of dsec and the table that maps it to the wire.
+
+Every error raised to a user derives from :class:`DSecError`. Each leaf also inherits the
+builtin it resembles, so ``except TimeoutError`` keeps working. The gateway turns an error
+into ``{"error": {"code": ..., "message": ...}}`` with the status in :data:`ERROR_TABLE`;
+the SDK turns it back with :func:`error_from_wire`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DSecError",
+    "NotFound",
+    "InvalidArgument",
+    "Unauthorized",
+    "Capacity",
+    "SandboxTimeout",
+    "SandboxStopped",
+    "Unsupported",
+    "Conflict",
+    "TrajectoryDiverged",
+    "Internal",
+    "ERROR_TABLE",
+    "error_from_wire",
+]
+
+
+class DSecError(Exception):
+    """Root of every dsec error."""
+
+    code = "internal"
+    status = 500
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_wire(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class NotFound(DSecError, LookupError):
+    """An id, image, tag, path or job does not exist."""
+
+    code, status = "not_found", 404
+
+
+class InvalidArgument(DSecError, ValueError):
+    """A request argument is out of range or malformed."""
+
+    code, status = "invalid_argument", 400
+
+
+class Unauthorized(DSecError, PermissionError):
+    """A missing or wrong bearer token."""
+
+    code, status = "unauthorized", 401
+
+
+class Capacity(DSecError, RuntimeError):
+    """The node (or every node) has no room for the request."""
+
+    code, status = "capacity", 503
+
+
+class SandboxTimeout(DSecError, TimeoutError):
+    """A command or operation ran past its timeout."""
+
+    code, status = "timeout", 504
+
+
+class SandboxStopped(DSecError, RuntimeError):
+    """The sandbox was stopped or expired."""
+
+    code, status = "stopped", 410
+
+
+class Unsupported(DSecError, NotImplementedError):
+    """The backend does not offer this capability."""
+
+    code, status = "unsupported", 501
+
+
+class Conflict(DSecError, RuntimeError):
+    """The request conflicts with the current state (e.g. a tag being written)."""
+
+    code, status = "conflict", 409
+
+
+class TrajectoryDiverged(DSecError, RuntimeError):
+    """A replayed step differs from the step recorded at the same position."""
+
+    code, status = "trajectory_diverged", 409
+
+
+class Internal(DSecError, RuntimeError):
+    """An unexpected failure on the server; the message says where."""
+
+    code, status = "internal", 500
+
+
+ERROR_TABLE: dict[str, type[DSecError]] = {
+    cls.code: cls
+    for cls in (NotFound, InvalidArgument, Unauthorized, Capacity, SandboxTimeout,
+                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Internal)
+}
+
+
+def error_from_wire(body: object, status: int) -> DSecError:
+    """Rebuild the exception a server sent; unknown shapes become :class:`Internal`."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        cls = ERROR_TABLE.get(str(err.get("code")), Internal)
+        return cls(str(err.get("message", "")))
+    if status == 401:
+        return Unauthorized("missing or wrong bearer token")
+    if status == 422 or status == 400:
+        return InvalidArgument(str(body))
+    return Internal(f"HTTP {status}: {body}")

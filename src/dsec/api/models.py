@@ -1,0 +1,216 @@
+"""Wire models shared by the SDK, the gateway and the node agent.
+
+Every request and response that crosses a process boundary is one of these models; no
+hand-built dict shapes. Requests forbid unknown fields so a typo is an error, not a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Backend",
+    "SandboxState",
+    "NetworkPolicy",
+    "SandboxSpec",
+    "CreateManyRequest",
+    "SandboxInfo",
+    "SandboxList",
+    "ExecRequest",
+    "ExecResult",
+    "ExecEvent",
+    "ShellInfo",
+    "ShellRunRequest",
+    "FileInfo",
+    "FileList",
+    "ImageSummary",
+    "NodeInfo",
+    "PackDiffRequest",
+    "MAX_OUTPUT_DEFAULT",
+]
+
+Backend = Literal["container", "microvm", "vm", "fncall"]
+SandboxState = Literal["starting", "running", "paused", "stopped", "failed"]
+MAX_OUTPUT_DEFAULT = 1 << 20
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NetworkPolicy(_Request):
+    """Egress by named permissions; ``{}`` (or ``"none"``) means loopback only."""
+
+    allow: dict[str, bool] = Field(default_factory=dict,
+                                   description="permission name -> allowed, e.g. {'pypi': True}")
+
+
+class SandboxSpec(_Request):
+    """Everything needed to create one sandbox."""
+
+    backend: Backend = Field("container", description="which isolation backend runs it")
+    image: str = Field("busybox", min_length=1, max_length=256,
+                       description="image name or tag, e.g. 'busybox' or 'python:3.11'")
+    layers: list[str] = Field(default_factory=list, max_length=32,
+                              description="extra layer tags stacked on the image, bottom first")
+    cpu: float = Field(1.0, description="CPU cores (a CFS quota); 0.05 up to the node's cores")
+    memory_mb: int = Field(512, description="memory limit in MiB, swap included; 16 to 65536")
+    disk_mb: int = Field(1024, ge=1, le=1 << 20,
+                         description="size limit of the writable layer in MiB")
+    pids: int = Field(512, ge=8, le=32768, description="maximum number of processes")
+    ttl_s: float | None = Field(3600.0, gt=0, description="maximum life; None for no limit")
+    idle_ttl_s: float | None = Field(None, gt=0,
+                                     description="stop (or pause) after this long with no request")
+    on_idle: Literal["stop", "pause"] = Field("stop", description="what idle_ttl_s does")
+    network: Literal["none"] | dict[str, bool] = Field(
+        "none", description="'none' (loopback only) or named egress permissions")
+    job: str | None = Field(None, max_length=128, description="job this sandbox belongs to")
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_range(cls, v: float) -> float:
+        top = float(os.cpu_count() or 1)
+        if not 0.05 <= v <= top:
+            raise ValueError(f"cpu must be between 0.05 and {top:g} (this node's cores); got {v:g}")
+        return v
+
+    @field_validator("memory_mb")
+    @classmethod
+    def _memory_range(cls, v: int) -> int:
+        if not 16 <= v <= 65536:
+            raise ValueError(f"memory_mb must be between 16 and 65536; got {v}")
+        return v
+
+
+class CreateManyRequest(_Request):
+    """Create ``count`` sandboxes from one spec, placed and started concurrently."""
+
+    count: int = Field(ge=1, le=10000)
+    spec: SandboxSpec = Field(default_factory=SandboxSpec)
+
+
+class SandboxInfo(BaseModel):
+    """A sandbox as the API reports it."""
+
+    id: str
+    node: str
+    backend: Backend
+    image: str
+    layers: list[str] = []
+    state: SandboxState
+    cpu: float
+    memory_mb: int
+    disk_mb: int
+    job: str | None = None
+    labels: dict[str, str] = {}
+    created_at: float
+    expires_at: float | None = None
+    last_active_at: float
+    error: str | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class ExecRequest(_Request):
+    """One command. ``cmd`` as a string runs under ``/bin/sh -c``; a list runs as argv."""
+
+    cmd: str | list[str] = Field(description="shell string or argv list")
+    cwd: str | None = Field(None, description="working directory; the image's by default")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    user: str | None = Field(None, description="user name or uid[:gid]; the image's by default")
+    stdin: str | None = Field(None, description="bytes fed to stdin, base64-encoded")
+    timeout: float | None = Field(60.0, gt=0, le=86400,
+                                  description="seconds before the process group is killed")
+    max_output: int = Field(MAX_OUTPUT_DEFAULT, ge=0, le=1 << 30,
+                            description="cap per stream in bytes; the rest is dropped")
+    background: bool = Field(False, description="start and return at once; output discarded")
+    step: str | None = Field(None, max_length=256, description="trajectory step key")
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd_not_empty(cls, v: str | list[str]) -> str | list[str]:
+        if not v or (isinstance(v, list) and not v[0]):
+            raise ValueError("cmd must be a non-empty string or argv list")
+        return v
+
+
+class ExecResult(BaseModel):
+    """What a finished command did."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+    timed_out: bool = False
+    oom_killed: bool = False
+    pid: int | None = None
+
+
+class ExecEvent(BaseModel):
+    """One line of a streamed exec: output chunks, then one ``exit`` carrying the result."""
+
+    type: Literal["stdout", "stderr", "exit"]
+    data: str = ""
+    result: ExecResult | None = None
+
+
+class ShellInfo(BaseModel):
+    id: str
+    sandbox_id: str
+
+
+class ShellRunRequest(_Request):
+    cmd: str = Field(min_length=1)
+    timeout: float | None = Field(60.0, gt=0, le=86400)
+    max_output: int = Field(MAX_OUTPUT_DEFAULT, ge=0, le=1 << 30)
+    step: str | None = Field(None, max_length=256)
+
+
+class FileInfo(BaseModel):
+    path: str
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class FileList(BaseModel):
+    entries: list[FileInfo]
+
+
+class ImageSummary(BaseModel):
+    name: str
+    digest: str
+    layers: int
+    size: int
+    created: float | None = None
+
+
+class NodeInfo(BaseModel):
+    id: str
+    backends: list[str]
+    cpus: int
+    memory_mb: int
+    sandboxes: int
+    running: int
+
+
+class PackDiffRequest(_Request):
+    tag: str = Field(min_length=1, max_length=256)
+    exclude: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _tag_shape(self) -> PackDiffRequest:
+        if any(c.isspace() for c in self.tag):
+            raise ValueError(f"tag must not contain whitespace; got {self.tag!r}")
+        return self

@@ -1,0 +1,87 @@
+"""Streaming routes: exec as NDJSON, and an interactive terminal over WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+
+from dsec.api.errors import DSecError
+from dsec.api.models import ExecRequest
+from dsec.gateway.routes.common import node_of
+from dsec.node.agent.client import AgentGone
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
+
+
+@router.post("/exec/stream", response_class=StreamingResponse)
+async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> StreamingResponse:
+    """NDJSON lines of ExecEvent: output chunks as they come, then one ``exit``."""
+    events = node_of(request, sb_id).exec_stream(sb_id, req)
+    first = await events.__anext__()  # errors such as an unknown id surface as a status
+
+    async def lines() -> AsyncIterator[bytes]:
+        ev = first
+        while True:
+            if ev.type == "exit" and ev.result is not None:
+                ev.result.stdout = ev.result.stderr = ""  # already streamed
+            yield ev.model_dump_json().encode() + b"\n"
+            try:
+                ev = await events.__anext__()
+            except StopAsyncIteration:
+                return
+            except DSecError as exc:
+                yield json.dumps(exc.to_wire()).encode() + b"\n"
+                return
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.websocket("/pty")
+async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None:
+    """Binary frames carry terminal bytes both ways; a text frame ``{"resize":[r,c]}``
+    resizes; the server ends with a text frame ``{"exit": code}``."""
+    await ws.accept()
+    try:
+        proc = await node_of(ws, sb_id).pty(sb_id, None, rows, cols)  # type: ignore[arg-type]
+    except DSecError as exc:
+        await ws.send_text(json.dumps(exc.to_wire()))
+        await ws.close()
+        return
+
+    async def pump_in() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect()
+            if msg.get("bytes"):
+                proc.write_stdin(msg["bytes"])
+            elif msg.get("text"):
+                ctl = json.loads(msg["text"])
+                if "resize" in ctl:
+                    proc.resize(*ctl["resize"])
+            await proc.drain()
+
+    reader = asyncio.create_task(pump_in())
+    try:
+        while True:
+            kind, data = await proc.next_event()
+            if kind == "exit":
+                await ws.send_text(json.dumps({"exit": proc.exit_code}))
+                break
+            await ws.send_bytes(data)
+    except (AgentGone, WebSocketDisconnect):
+        pass
+    finally:
+        reader.cancel()
+        proc.send_signal(9)
+        proc.close()
+        try:
+            await ws.close()
+        except RuntimeError:
+            pass

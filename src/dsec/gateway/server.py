@@ -1,0 +1,46 @@
+"""``dsec serve``: the embedded server (gateway + one node agent in one process)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from dsec.cluster.local import LocalCluster
+from dsec.gateway.app import create_app
+from dsec.gateway.auth import load_or_create_token
+from dsec.node.config import NodeConfig
+
+__all__ = ["serve", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 7070
+log = logging.getLogger("dsec.gateway")
+
+
+async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> None:
+    token, created = load_or_create_token(config.state_dir)
+    if created:
+        print(f"dsec: new API token (stored 0600 in {config.state_dir / 'token'}):\n  {token}",
+              flush=True)
+    cluster = await LocalCluster.open(config)
+    (config.state_dir / "url").write_text(f"http://{host}:{port}\n")
+    app = create_app(cluster, token)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           access_log=False, ws="websockets"))
+    print(f"dsec: serving on http://{host}:{port} (node {cluster.node.node_id}, "
+          f"{len(cluster.node.records)} sandboxes recovered)", flush=True)
+    await server.serve()
+
+
+def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          backends: list[str] | None = None) -> None:
+    """Run the embedded server until interrupted."""
+    kwargs = {}
+    if state_dir is not None:
+        kwargs["state_dir"] = state_dir
+    if backends:
+        kwargs["backends"] = backends
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_serve(NodeConfig(**kwargs), host, port))

@@ -1,0 +1,469 @@
+/*
+ * dsec-agent: the process that runs inside every stateful sandbox and starts commands there.
+ *
+ * Why an agent inside the sandbox instead of setns() from the node: a process forked by the
+ * agent inherits, for free and exactly, everything runc (or the guest kernel) set up for the
+ * sandbox -- namespaces, cgroup, seccomp filter, capability set, no_new_privs, rlimits, root.
+ * Re-creating that state per exec from the host (as `runc exec` does) costs ~16 ms here and
+ * is easy to get subtly wrong. The agent is a static binary so it works in any image.
+ *
+ * Wire protocol (one stream connection = one command), frames of
+ *     u8 type | u32 chan (big endian, 0 here) | u32 len (big endian) | payload
+ *   client -> agent:  'S' spawn (JSON, see parse_spawn), 'I' stdin bytes, 'E' stdin EOF,
+ *                     'K' signal (1 byte) to the command's process group, 'Z' resize "rows cols",
+ *                     'C' signal (1 byte) to every descendant of the command, not the command
+ *                     itself (interrupts what a shell session runs without ending the shell),
+ *                     'Q' ping
+ *   agent -> client:  'P' started "pid", 'O' stdout bytes, 'R' stderr bytes,
+ *                     'X' exit "code signal", 'F' failure message, 'A' pong
+ * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
+ * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
+ * "rows":N, "cols":N, "detach":0|1}. A detached command gets /dev/null for stdio and
+ * outlives the connection: the agent answers 'P' and closes. Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
+ *
+ * Usage:  dsec-agent serve-fd N        accept on an inherited listening socket (containers)
+ *         dsec-agent serve-unix PATH   listen on a unix socket
+ *         dsec-agent serve-tcp PORT    listen on 0.0.0.0:PORT (guests behind QEMU user net)
+ *         dsec-agent pause             sleep forever (placeholder main process)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#define MAX_FRAME (1 << 20)
+#define MAX_ARGS 4096
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r == 0) return -1;
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int send_frame(int fd, char type, const void *data, uint32_t len) {
+    unsigned char hdr[9];
+    uint32_t chan = 0, blen = htonl(len);
+    hdr[0] = (unsigned char)type;
+    memcpy(hdr + 1, &chan, 4);
+    memcpy(hdr + 5, &blen, 4);
+    if (write_all(fd, hdr, 9) < 0) return -1;
+    return len ? write_all(fd, data, len) : 0;
+}
+
+static int send_text(int fd, char type, const char *text) {
+    return send_frame(fd, type, text, (uint32_t)strlen(text));
+}
+
+/* Reads one frame; *payload is malloc'ed (NUL terminated). Returns type or -1. */
+static int recv_frame(int fd, char **payload, uint32_t *len) {
+    unsigned char hdr[9];
+    uint32_t blen;
+    if (read_all(fd, hdr, 9) < 0) return -1;
+    memcpy(&blen, hdr + 5, 4);
+    *len = ntohl(blen);
+    if (*len > MAX_FRAME) return -1;
+    *payload = malloc(*len + 1);
+    if (!*payload) return -1;
+    if (*len && read_all(fd, *payload, *len) < 0) {
+        free(*payload);
+        return -1;
+    }
+    (*payload)[*len] = 0;
+    return hdr[0];
+}
+
+/* ---- a parser for the one flat JSON object dsec sends ---- */
+
+struct spawn {
+    char *argv[MAX_ARGS + 1];
+    char *env[MAX_ARGS + 1];
+    char *cwd;
+    long uid, gid, pty, rows, cols, detach;
+};
+
+static const char *skip_ws(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+    return p;
+}
+
+static const char *parse_string(const char *p, char **out) {
+    size_t cap = 64, n = 0;
+    char *s = malloc(cap);
+    if (*p != '"' || !s) return NULL;
+    p++;
+    while (*p && *p != '"') {
+        char c = *p++;
+        if (c == '\\') {
+            char e = *p++;
+            if (e == 'n') c = '\n';
+            else if (e == 't') c = '\t';
+            else if (e == 'r') c = '\r';
+            else if (e == 'u') {
+                c = (char)strtol((char[]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
+                p += 4;
+            } else c = e;
+        }
+        if (n + 2 > cap) {
+            cap *= 2;
+            s = realloc(s, cap);
+            if (!s) return NULL;
+        }
+        s[n++] = c;
+    }
+    if (*p != '"') return NULL;
+    s[n] = 0;
+    *out = s;
+    return p + 1;
+}
+
+static const char *parse_str_array(const char *p, char **arr) {
+    int n = 0;
+    if (*p != '[') return NULL;
+    p = skip_ws(p + 1);
+    while (*p && *p != ']') {
+        if (n >= MAX_ARGS) return NULL;
+        p = parse_string(p, &arr[n++]);
+        if (!p) return NULL;
+        p = skip_ws(p);
+        if (*p == ',') p = skip_ws(p + 1);
+    }
+    arr[n] = NULL;
+    return *p == ']' ? p + 1 : NULL;
+}
+
+static int parse_spawn(const char *p, struct spawn *sp) {
+    memset(sp, 0, sizeof(*sp));
+    sp->rows = 24;
+    sp->cols = 80;
+    p = skip_ws(p);
+    if (*p++ != '{') return -1;
+    for (;;) {
+        char *key;
+        p = skip_ws(p);
+        if (*p == '}') break;
+        if (!(p = parse_string(p, &key))) return -1;
+        p = skip_ws(p);
+        if (*p++ != ':') return -1;
+        p = skip_ws(p);
+        if (!strcmp(key, "argv")) p = parse_str_array(p, sp->argv);
+        else if (!strcmp(key, "env")) p = parse_str_array(p, sp->env);
+        else if (!strcmp(key, "cwd")) p = parse_string(p, &sp->cwd);
+        else {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p) return -1;
+            p = end;
+            if (!strcmp(key, "uid")) sp->uid = v;
+            else if (!strcmp(key, "gid")) sp->gid = v;
+            else if (!strcmp(key, "pty")) sp->pty = v;
+            else if (!strcmp(key, "rows")) sp->rows = v;
+            else if (!strcmp(key, "cols")) sp->cols = v;
+            else if (!strcmp(key, "detach")) sp->detach = v;
+        }
+        free(key);
+        if (!p) return -1;
+        p = skip_ws(p);
+        if (*p == ',') p++;
+    }
+    return sp->argv[0] ? 0 : -1;
+}
+
+/* ---- running one command ---- */
+
+static void child_exec(struct spawn *sp, int errfd) {
+    char msg[512];
+    int code;
+    setsid();
+    if (sp->pty) ioctl(0, TIOCSCTTY, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    if (sp->cwd && chdir(sp->cwd) < 0) {
+        snprintf(msg, sizeof msg, "dsec: cwd %s: %s\n", sp->cwd, strerror(errno));
+        write_all(errfd, msg, strlen(msg));
+        _exit(126);
+    }
+    if (sp->gid && (setgroups(0, NULL) < 0 || setgid((gid_t)sp->gid) < 0)) _exit(126);
+    if (sp->uid && setuid((uid_t)sp->uid) < 0) _exit(126);
+    if (sp->env[0]) environ = sp->env;
+    execvp(sp->argv[0], sp->argv);
+    code = (errno == ENOENT) ? 127 : 126;
+    snprintf(msg, sizeof msg, "%s: %s\n", sp->argv[0],
+             errno == ENOENT ? "command not found" : strerror(errno));
+    write_all(errfd, msg, strlen(msg));
+    _exit(code);
+}
+
+/* Sends sig to every descendant of root, found through /proc's parent links. */
+static void signal_descendants(pid_t root, int sig) {
+    static pid_t ppid_of[1 << 16];
+    pid_t pids[4096];
+    int n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    if (!d) return;
+    while ((e = readdir(d)) && n < 4096) {
+        pid_t p = (pid_t)atoi(e->d_name);
+        char path[64], buf[512];
+        if (p <= 0 || p >= (1 << 16)) continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0) continue;
+        buf[r] = 0;
+        char *rp = strrchr(buf, ')');
+        int ppid = 0;
+        if (!rp || sscanf(rp + 2, "%*c %d", &ppid) != 1) continue;
+        ppid_of[p] = (pid_t)ppid;
+        pids[n++] = p;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        pid_t a = ppid_of[pids[i]];
+        for (int depth = 0; a > 1 && depth < 64; depth++) {
+            if (a == root) { kill(pids[i], sig); break; }
+            a = (a < (1 << 16)) ? ppid_of[a] : 0;
+        }
+    }
+}
+
+static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
+    int status = 0, exited = 0;
+    char buf[65536];
+    while (!exited || out_fd >= 0 || err_fd >= 0) {
+        struct pollfd pf[3] = {{conn, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+        /* Once both pipes hit EOF the child is exiting: poll briefly for its status. */
+        int timeout = exited ? 0 : (out_fd < 0 && err_fd < 0) ? 1 : 200;
+        int n = poll(pf, 3, timeout);
+        if (n < 0 && errno != EINTR) break;
+        if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
+        if (n <= 0) {
+            if (exited) break; /* pipes are empty; grandchildren may still hold them */
+            continue;
+        }
+        for (int i = 1; i <= 2; i++) {
+            int *fd = (i == 1) ? &out_fd : &err_fd;
+            if (*fd >= 0 && (pf[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+                ssize_t r = read(*fd, buf, sizeof buf);
+                if (r > 0) {
+                    if (send_frame(conn, i == 1 ? 'O' : 'R', buf, (uint32_t)r) < 0) goto gone;
+                } else if (r == 0 || errno != EINTR) {
+                    if (i == 1 && out_fd == err_fd) err_fd = -1;
+                    close(*fd);
+                    *fd = -1;
+                }
+            }
+        }
+        if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            char *payload = NULL;
+            uint32_t len;
+            int type = recv_frame(conn, &payload, &len);
+            if (type < 0) goto gone;
+            if (type == 'I' && in_fd >= 0) {
+                if (write_all(in_fd, payload, len) < 0) { close(in_fd); in_fd = -1; }
+            } else if (type == 'E' && in_fd >= 0 && in_fd != out_fd) {
+                close(in_fd);
+                in_fd = -1;
+            } else if (type == 'E' && in_fd >= 0) {
+                char eot = 4; /* pty: ^D */
+                write_all(in_fd, &eot, 1);
+            } else if (type == 'K' && len >= 1) {
+                kill(-pid, (unsigned char)payload[0]);
+                kill(pid, (unsigned char)payload[0]);
+            } else if (type == 'C' && len >= 1) {
+                signal_descendants(pid, (unsigned char)payload[0]);
+            } else if (type == 'Z' && in_fd >= 0) {
+                struct winsize ws = {0};
+                unsigned rows = 24, cols = 80;
+                sscanf(payload, "%u %u", &rows, &cols);
+                ws.ws_row = (unsigned short)rows;
+                ws.ws_col = (unsigned short)cols;
+                ioctl(in_fd, TIOCSWINSZ, &ws);
+            }
+            free(payload);
+        }
+    }
+    if (!exited) waitpid(pid, &status, 0);
+    char msg[64];
+    if (WIFSIGNALED(status)) snprintf(msg, sizeof msg, "%d %d", 128 + WTERMSIG(status), WTERMSIG(status));
+    else snprintf(msg, sizeof msg, "%d 0", WEXITSTATUS(status));
+    return send_text(conn, 'X', msg);
+gone:
+    /* The node went away: take the command's process group with us. */
+    kill(-pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+/* Close in order: unread input at close would reset the connection and could cost the
+ * client the exit frame it has not read yet. Wait (briefly) for the client to close. */
+static void linger(int conn) {
+    char buf[4096];
+    shutdown(conn, SHUT_WR);
+    for (;;) {
+        struct pollfd pf = {conn, POLLIN, 0};
+        if (poll(&pf, 1, 5000) <= 0) return;
+        if (read(conn, buf, sizeof buf) <= 0) return;
+    }
+}
+
+static void handle(int conn) {
+    char *payload = NULL;
+    uint32_t len;
+    int type = recv_frame(conn, &payload, &len);
+    if (type == 'Q') {
+        send_text(conn, 'A', "pong");
+        return;
+    }
+    struct spawn sp;
+    if (type != 'S' || parse_spawn(payload, &sp) < 0) {
+        send_text(conn, 'F', "bad spawn request");
+        return;
+    }
+    int in_p[2], out_p[2], err_p[2], master = -1;
+    pid_t pid;
+    if (sp.detach) {
+        pid = fork();
+        if (pid == 0) {
+            int nul = open("/dev/null", O_RDWR);
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            child_exec(&sp, 2);
+        }
+        char msg[32];
+        snprintf(msg, sizeof msg, "%d", (int)pid);
+        send_text(conn, pid < 0 ? 'F' : 'P', pid < 0 ? strerror(errno) : msg);
+        return;
+    }
+    if (sp.pty) {
+        struct winsize ws = {.ws_row = (unsigned short)sp.rows, .ws_col = (unsigned short)sp.cols};
+        pid = forkpty(&master, NULL, NULL, &ws);
+        if (pid == 0) child_exec(&sp, 2);
+    } else {
+        if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC)) {
+            send_text(conn, 'F', strerror(errno));
+            return;
+        }
+        pid = fork();
+        if (pid == 0) {
+            dup2(in_p[0], 0);
+            dup2(out_p[1], 1);
+            dup2(err_p[1], 2);
+            child_exec(&sp, 2);
+        }
+        close(in_p[0]);
+        close(out_p[1]);
+        close(err_p[1]);
+    }
+    if (pid < 0) {
+        send_text(conn, 'F', strerror(errno));
+        return;
+    }
+    char msg[32];
+    snprintf(msg, sizeof msg, "%d", (int)pid);
+    send_text(conn, 'P', msg);
+    int ok = sp.pty ? relay(conn, pid, master, master, master)
+                    : relay(conn, pid, in_p[1], out_p[0], err_p[0]);
+    if (ok == 0) linger(conn);
+}
+
+static void reap(int sig) {
+    (void)sig;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+    errno = saved;
+}
+
+static int serve(int lfd) {
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGCHLD, reap);
+    for (;;) {
+        int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) { sleep(1); continue; }
+            return 1;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(lfd);
+            signal(SIGCHLD, SIG_DFL);
+            handle(conn);
+            _exit(0);
+        }
+        close(conn);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "pause")) {
+        for (;;) pause();
+    }
+    if (argc < 3) {
+        fprintf(stderr, "usage: dsec-agent serve-fd N | serve-unix PATH | serve-tcp PORT | pause\n");
+        return 2;
+    }
+    int lfd = -1;
+    if (!strcmp(argv[1], "serve-fd")) {
+        lfd = atoi(argv[2]);
+    } else if (!strcmp(argv[1], "serve-unix")) {
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        strncpy(a.sun_path, argv[2], sizeof a.sun_path - 1);
+        unlink(argv[2]);
+        lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0) return 1;
+    } else if (!strcmp(argv[1], "serve-tcp")) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
+        int one = 1;
+        lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0) return 1;
+    } else {
+        return 2;
+    }
+    return serve(lfd);
+}

@@ -1,0 +1,34 @@
+"""Builds the static dsec-agent binary from its C source, once per source version."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from dsec.api.errors import Internal
+
+__all__ = ["ensure_agent", "SOURCE"]
+
+SOURCE = Path(__file__).with_name("agent.c")
+
+
+def ensure_agent(out_dir: Path) -> Path:
+    """Path of a built agent matching the current source; compiles it if needed."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    out = out_dir / f"dsec-agent-{digest}"
+    if out.exists():
+        return out
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise Internal("building dsec-agent needs gcc (apt-get install gcc libc6-dev)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    proc = subprocess.run([cc, "-static", "-O2", "-o", str(tmp), str(SOURCE)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Internal(f"compiling dsec-agent failed: {proc.stderr[-2000:]}")
+    os.replace(tmp, out)
+    return out

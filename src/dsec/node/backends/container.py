@@ -1,0 +1,213 @@
+"""The container backend: runc over an overlayfs of shared read-only layers.
+
+Per sandbox, under ``<state>/sandboxes/<id>/``:
+  rw/       a tmpfs sized ``disk_mb``: the overlay's upper and work dirs (the disk limit)
+  rootfs/   the overlay: the image's layer mounts (shared, read-only) + rw/upper
+  config.json, runc.log
+The sandbox's main process is ``tini -- dsec-agent serve-fd 3``; the agent's listening
+socket is created by the node, bound at ``agent.sock`` and handed over as fd 3, so the node
+can be killed and restarted while the agent keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from dsec.api.errors import Capacity, Internal, InvalidArgument
+from dsec.node.agent.client import AgentConnector, unix_connector
+from dsec.node.backends.base import SandboxRecord
+from dsec.node.files import FileOps
+from dsec.node.host import cgroups, mounts
+from dsec.node.host.oci import ContainerConfig, build_config
+from dsec.node.host.rooted import RootedFiles
+
+__all__ = ["ContainerBackend"]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TINI = "/usr/bin/tini-static"
+
+
+class ContainerBackend:
+    """Runs sandboxes as runc containers; see the module docstring for the layout."""
+
+    name = "container"
+
+    def __init__(self, state_dir: Path, images, agent_binary: Path,
+                 runc: str = "runc") -> None:
+        self.state_dir = state_dir
+        self.images = images
+        self.agent_binary = agent_binary
+        self.runc = shutil.which(runc) or runc
+        self.runc_root = state_dir / "runc"
+        self.cgroups = cgroups.detect()
+        self.runc_root.mkdir(parents=True, exist_ok=True)
+
+    # ---- paths ----
+    def sandbox_dir(self, sb_id: str) -> Path:
+        return self.state_dir / "sandboxes" / sb_id
+
+    @staticmethod
+    def cgroup_path(sb_id: str) -> str:
+        return f"/dsec/{sb_id}"
+
+    # ---- lifecycle ----
+    async def start(self, rec: SandboxRecord) -> dict:
+        d = self.sandbox_dir(rec.id)
+        resolved = await asyncio.to_thread(self.images.resolve, rec.spec.image, rec.spec.layers)
+        await asyncio.to_thread(self._prepare_rootfs, d, resolved.lowerdirs, rec.spec.disk_mb)
+        cfg = self._config(rec, d, resolved.config)
+        (d / "config.json").write_text(json.dumps(cfg))
+        listener = self._listen(d / "agent.sock")
+        try:
+            await self._runc_run(rec.id, d, listener)
+        except BaseException:
+            listener.close()
+            await self.stop(rec)
+            raise
+        listener.close()
+        pid = int((d / "init.pid").read_text())
+        return {"dir": str(d), "init_pid": pid, "cgroup": self.cgroup_path(rec.id),
+                "image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
+                "image_user": resolved.config.user or "root",
+                "layer_digests": list(resolved.layer_digests)}
+
+    def _prepare_rootfs(self, d: Path, lowerdirs: list[Path], disk_mb: int) -> None:
+        rw, rootfs = d / "rw", d / "rootfs"
+        rw.mkdir(parents=True, exist_ok=True)
+        rootfs.mkdir(exist_ok=True)
+        mounts.mount("tmpfs", rw, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"size={disk_mb}m,mode=755")
+        (rw / "upper").mkdir(exist_ok=True)
+        (rw / "work").mkdir(exist_ok=True)
+        lower = ":".join(str(p) for p in lowerdirs)
+        opts = f"lowerdir={lower},upperdir={rw / 'upper'},workdir={rw / 'work'}"
+        if len(opts) > 4000:
+            raise InvalidArgument(f"too many layers for one overlay ({len(lowerdirs)})")
+        mounts.mount("overlay", rootfs, "overlay", 0, opts)
+
+    def _config(self, rec: SandboxRecord, d: Path, image_cfg) -> dict:
+        env = {"PATH": DEFAULT_PATH, "HOSTNAME": rec.id, "HOME": "/root", "TERM": "xterm"}
+        env.update(image_cfg.env or {})
+        env.update(rec.spec.env)
+        return build_config(ContainerConfig(
+            hostname=rec.id,
+            rootfs=str(d / "rootfs"),
+            args=["/.dsec/tini", "-s", "-g", "--", "/.dsec/agent", "serve-fd", "3"],
+            env=[f"{k}={v}" for k, v in env.items()],
+            cgroups_path=self.cgroup_path(rec.id),
+            cpu=rec.spec.cpu,
+            memory_mb=rec.spec.memory_mb,
+            pids=rec.spec.pids,
+            binds=[(TINI, "/.dsec/tini"), (str(self.agent_binary), "/.dsec/agent")],
+        ))
+
+    @staticmethod
+    def _listen(path: Path) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if path.exists():
+            path.unlink()
+        s.bind(str(path))
+        os.chmod(path, 0o600)
+        s.listen(512)
+        return s
+
+    async def _runc(self, *args: str, stdin_fd: int | None = None) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            self.runc, "--root", str(self.runc_root), *args,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        return proc.returncode or 0, err.decode(errors="replace").strip()
+
+    async def _runc_run(self, sb_id: str, d: Path, listener: socket.socket) -> None:
+        # posix_spawn with a dup2 action puts the listener at fd 3 for --preserve-fds
+        # without a preexec_fn (unsafe in a threaded server). The container's stdio is
+        # /dev/null so nothing inside can write into a host file; runc's errors go to --log.
+        log = d / "runc.log"
+        args = [self.runc, "--root", str(self.runc_root), "--log", str(log), "--log-format",
+                "json", "run", "-d", "--preserve-fds", "1", "--pid-file", str(d / "init.pid"),
+                "-b", str(d), sb_id]
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, listener.fileno(), 3),
+        ]
+        pid = os.posix_spawn(self.runc, args, os.environ, file_actions=actions)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            msg = _last_error(log)
+            if "cannot allocate memory" in msg or "resource temporarily unavailable" in msg:
+                raise Capacity(f"node out of resources starting {sb_id}: {msg}")
+            raise Internal(f"runc could not start {sb_id}: {msg or f'exit {code}'}")
+
+    async def stop(self, rec: SandboxRecord) -> None:
+        d = self.sandbox_dir(rec.id)
+        if (self.runc_root / rec.id).exists():
+            await self._runc("delete", "--force", rec.id)
+        await asyncio.to_thread(self._teardown, rec.id, d)
+
+    def _teardown(self, sb_id: str, d: Path) -> None:
+        for target in mounts.mounts_under(d):
+            mounts.umount(target)
+        self.cgroups.remove(self.cgroup_path(sb_id))
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(self.runc_root / sb_id, ignore_errors=True)
+
+    async def pause(self, rec: SandboxRecord) -> None:
+        code, err = await self._runc("pause", rec.id)
+        if code != 0:
+            raise Internal(f"could not pause {rec.id}: {err}")
+
+    async def resume(self, rec: SandboxRecord) -> None:
+        code, err = await self._runc("resume", rec.id)
+        if code != 0:
+            raise Internal(f"could not resume {rec.id}: {err}")
+
+    async def alive(self, rec: SandboxRecord) -> bool:
+        state = self.runc_root / rec.id / "state.json"
+        pid = rec.runtime.get("init_pid")
+        if not state.exists() or not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return (self.sandbox_dir(rec.id) / "agent.sock").exists()
+
+    # ---- access ----
+    def connector(self, rec: SandboxRecord) -> AgentConnector:
+        return unix_connector(str(self.sandbox_dir(rec.id) / "agent.sock"))
+
+    def files(self, rec: SandboxRecord) -> FileOps:
+        return RootedFiles(str(self.sandbox_dir(rec.id) / "rootfs"))
+
+    def oom_kills(self, rec: SandboxRecord) -> int:
+        return self.cgroups.oom_kills(self.cgroup_path(rec.id))
+
+    def memory_bytes(self, rec: SandboxRecord) -> int:
+        return self.cgroups.memory_bytes(self.cgroup_path(rec.id))
+
+    def upper_dir(self, rec: SandboxRecord) -> Path:
+        return self.sandbox_dir(rec.id) / "rw" / "upper"
+
+
+def _last_error(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("level") in ("error", "fatal"):
+            return str(rec.get("msg", ""))
+    return lines[-1] if lines else ""

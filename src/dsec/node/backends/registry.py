@@ -1,0 +1,25 @@
+"""Which backends a node builds, by name; heavy ones import lazily."""
+
+from __future__ import annotations
+
+from dsec.api.errors import InvalidArgument
+from dsec.node.agent.build import ensure_agent
+from dsec.node.backends.base import Backend
+from dsec.node.config import NodeConfig
+
+__all__ = ["make_backends"]
+
+
+def make_backends(config: NodeConfig) -> dict[str, Backend]:
+    from dsec.images import ImageService
+    images = ImageService(config.state_dir)
+    images.ensure_busybox()
+    agent = ensure_agent(config.state_dir / "bin")
+    out: dict[str, Backend] = {}
+    for name in config.backends:
+        if name == "container":
+            from dsec.node.backends.container import ContainerBackend
+            out[name] = ContainerBackend(config.state_dir, images, agent)
+        else:
+            raise InvalidArgument(f"unknown backend {name!r}")
+    return out

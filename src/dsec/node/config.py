@@ -1,0 +1,31 @@
+"""Node configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dsec.placement.admission import AdmissionPolicy
+
+__all__ = ["NodeConfig", "default_state_dir"]
+
+
+def default_state_dir() -> Path:
+    import os
+    return Path(os.environ.get("DSEC_STATE_DIR", "/var/lib/dsec"))
+
+
+class NodeConfig(BaseModel):
+    """How one node agent runs."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    state_dir: Path = Field(default_factory=default_state_dir,
+                            description="node-local state: SQLite, layers, sandbox dirs")
+    backends: list[str] = Field(default_factory=lambda: ["container"],
+                                description="backends to enable on this node")
+    start_concurrency: int = Field(8, ge=1, le=256,
+                                   description="sandboxes started at once (runc is CPU-bound)")
+    reap_interval_s: float = Field(1.0, gt=0, description="how often TTLs are checked")
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)

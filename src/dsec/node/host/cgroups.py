@@ -1,0 +1,119 @@
+"""Reading a sandbox's cgroup on cgroup v1 (incl. hybrid hosts) and v2.
+
+runc creates, limits and removes the cgroups (it has its own v1 and v2 managers); the node
+only reads counters from them and cleans up leftovers. :func:`detect` picks the driver from
+what the host mounts, so the same code runs on a hybrid v1 host and a pure v2 host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CgroupDriver", "CgroupV1", "CgroupV2", "detect", "ROOT"]
+
+ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "cpuset", "pids", "freezer", "devices", "blkio")
+
+
+def _read_kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if v.strip().lstrip("-").isdigit():
+                out[k] = int(v)
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class CgroupDriver:
+    """Where a sandbox's cgroup lives and how to read it; ``rel`` is the runc cgroupsPath."""
+
+    version: int = 0
+
+    def oom_kills(self, rel: str) -> int:
+        raise NotImplementedError
+
+    def memory_bytes(self, rel: str) -> int:
+        raise NotImplementedError
+
+    def exists(self, rel: str) -> bool:
+        raise NotImplementedError
+
+    def remove(self, rel: str) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CgroupV1(CgroupDriver):
+    version: int = 1
+
+    def _dir(self, controller: str, rel: str) -> Path:
+        return ROOT / controller / rel.lstrip("/")
+
+    def oom_kills(self, rel: str) -> int:
+        return _read_kv(self._dir("memory", rel) / "memory.oom_control").get("oom_kill", 0)
+
+    def memory_bytes(self, rel: str) -> int:
+        return _read_int(self._dir("memory", rel) / "memory.usage_in_bytes")
+
+    def exists(self, rel: str) -> bool:
+        return self._dir("memory", rel).is_dir()
+
+    def remove(self, rel: str) -> None:
+        for ctrl in V1_CONTROLLERS:
+            _rmdir_tree(self._dir(ctrl, rel))
+
+
+@dataclass(frozen=True)
+class CgroupV2(CgroupDriver):
+    version: int = 2
+
+    def _dir(self, rel: str) -> Path:
+        return ROOT / rel.lstrip("/")
+
+    def oom_kills(self, rel: str) -> int:
+        return _read_kv(self._dir(rel) / "memory.events").get("oom_kill", 0)
+
+    def memory_bytes(self, rel: str) -> int:
+        return _read_int(self._dir(rel) / "memory.current")
+
+    def exists(self, rel: str) -> bool:
+        return self._dir(rel).is_dir()
+
+    def remove(self, rel: str) -> None:
+        _rmdir_tree(self._dir(rel))
+
+
+def _rmdir_tree(path: Path) -> None:
+    """cgroup dirs are removed with rmdir, deepest first; files inside are not real files."""
+    if not path.is_dir():
+        return
+    for dirpath, dirnames, _ in os.walk(path, topdown=False):
+        for d in dirnames:
+            try:
+                os.rmdir(os.path.join(dirpath, d))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def detect() -> CgroupDriver:
+    """v2 when /sys/fs/cgroup itself is the unified hierarchy, else v1 (hybrid included)."""
+    if (ROOT / "cgroup.controllers").exists():
+        return CgroupV2()
+    return CgroupV1()

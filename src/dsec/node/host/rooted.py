@@ -1,0 +1,203 @@
+"""File access inside a directory tree that can never leave it.
+
+Every path is opened with ``openat2(RESOLVE_IN_ROOT)``: the kernel resolves ``..`` and
+symlinks (absolute ones included) as if the tree were ``/``, so a sandbox's symlink to
+``/etc/shadow`` lands on the sandbox's own ``/etc/shadow``, never the host's. Python has no
+binding for openat2 yet, hence ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat as st
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from dsec.api.errors import InvalidArgument, NotFound
+from dsec.api.models import FileInfo
+
+__all__ = ["RootedFiles", "openat2"]
+
+_SYS_OPENAT2 = 437
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
+                       ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return int(fd)
+
+
+def _kind(mode: int) -> str:
+    if st.S_ISREG(mode):
+        return "file"
+    if st.S_ISDIR(mode):
+        return "dir"
+    if st.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _info(path: str, s: os.stat_result) -> FileInfo:
+    return FileInfo(path=path, name=PurePosixPath(path).name or "/", type=_kind(s.st_mode),
+                    size=s.st_size, mode=st.S_IMODE(s.st_mode), mtime=s.st_mtime)
+
+
+def _norm(path: str) -> str:
+    if not path or "\x00" in path:
+        raise InvalidArgument(f"path must be a non-empty string without NUL; got {path!r}")
+    return "/" + str(PurePosixPath("/", path)).lstrip("/")
+
+
+class _Errors:
+    """Turns OSError into the API's errors, naming the sandbox path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, exc, tb) -> bool:
+        if isinstance(exc, OSError) and not isinstance(exc, (NotFound, InvalidArgument)):
+            if exc.errno == errno.ENOENT:
+                raise NotFound(f"no such file or directory in the sandbox: {self.path}") from exc
+            if exc.errno == errno.ENOSPC:
+                raise InvalidArgument(f"sandbox disk is full writing {self.path}") from exc
+            raise InvalidArgument(f"{self.path}: {exc.strerror}") from exc
+        return False
+
+
+class RootedFiles:
+    """:class:`dsec.node.files.FileOps` over a host directory used as the sandbox root."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+        rootfd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return openat2(rootfd, path, flags, mode)
+        finally:
+            os.close(rootfd)
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        p = PurePosixPath(_norm(path))
+        if p.name in ("", ".", ".."):
+            raise InvalidArgument(f"path names no entry: {path}")
+        return self._open(str(p.parent), os.O_PATH | os.O_DIRECTORY), p.name
+
+    def stat(self, path: str) -> FileInfo:
+        path = _norm(path)
+        with _Errors(path):
+            if path == "/":
+                return _info(path, os.stat(self.root))
+            dfd, name = self._parent(path)
+            try:
+                return _info(path, os.stat(name, dir_fd=dfd, follow_symlinks=False))
+            finally:
+                os.close(dfd)
+
+    def list(self, path: str) -> list[FileInfo]:
+        path = _norm(path)
+        with _Errors(path):
+            fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                out = []
+                for name in sorted(os.listdir(fd)):
+                    s = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    out.append(_info(str(PurePosixPath(path, name)), s))
+                return out
+            finally:
+                os.close(fd)
+
+    def mkdir(self, path: str, parents: bool = True) -> None:
+        path = _norm(path)
+        with _Errors(path):
+            parts = PurePosixPath(path).parts[1:]
+            todo = range(len(parts)) if parents else [len(parts) - 1]
+            for i in todo:
+                sub = "/" + "/".join(parts[: i + 1])
+                dfd, name = self._parent(sub)
+                try:
+                    os.mkdir(name, 0o755, dir_fd=dfd)
+                except FileExistsError:
+                    if i == len(parts) - 1 and not parents:
+                        raise
+                finally:
+                    os.close(dfd)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        path = _norm(path)
+        if path == "/":
+            raise InvalidArgument("refusing to remove the sandbox root")
+        with _Errors(path):
+            dfd, name = self._parent(path)
+            try:
+                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not st.S_ISDIR(s.st_mode):
+                    os.unlink(name, dir_fd=dfd)
+                elif recursive:
+                    import shutil
+                    shutil.rmtree(name, dir_fd=dfd)
+                else:
+                    os.rmdir(name, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+
+    def open_read(self, path: str) -> BinaryIO:
+        path = _norm(path)
+        with _Errors(path):
+            fd = self._open(path, os.O_RDONLY)
+            if st.S_ISDIR(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise InvalidArgument(f"{path} is a directory; use list or download a tar")
+            return os.fdopen(fd, "rb", buffering=0)
+
+    def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
+        path = _norm(path)
+        with _Errors(path):
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            return os.fdopen(fd, "wb", buffering=0)
+
+    def tar_out(self, path: str) -> Iterator[bytes]:
+        """A tar stream of ``path`` (a directory or file), built entry by entry."""
+        from dsec.node.host.tarstream import tar_chunks
+        path = _norm(path)
+        self.stat(path)
+        return tar_chunks(self, path)
+
+    def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
+        """Unpack a tar stream under ``path``; hostile entries are refused by name."""
+        from dsec.node.host.tarstream import untar_into
+        path = _norm(path)
+        self.mkdir(path)
+        with _Errors(path):
+            return untar_into(self, path, stream, max_bytes)
+
+    # used by tarstream
+    def open_dir_fd(self, path: str) -> int:
+        return self._open(_norm(path), os.O_RDONLY | os.O_DIRECTORY)
+
+    def symlink(self, target: str, path: str) -> None:
+        dfd, name = self._parent(path)
+        try:
+            os.symlink(target, name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+

@@ -1,0 +1,119 @@
+"""Tar in and out of a sandbox root, streamed, with hostile entries refused by name."""
+
+from __future__ import annotations
+
+import os
+import stat as st
+import tarfile
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, BinaryIO
+
+from dsec.api.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from dsec.node.host.rooted import RootedFiles
+
+__all__ = ["tar_chunks", "untar_into", "check_member"]
+
+CHUNK = 1 << 20
+BLOCK = 512
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * ((BLOCK - n % BLOCK) % BLOCK)
+
+
+def _entry(files: RootedFiles, dfd: int, name: str, arc: str) -> Iterator[bytes]:
+    s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    ti = tarfile.TarInfo(arc)
+    ti.mode, ti.mtime, ti.uid, ti.gid = st.S_IMODE(s.st_mode), int(s.st_mtime), s.st_uid, s.st_gid
+    if st.S_ISDIR(s.st_mode):
+        ti.type = tarfile.DIRTYPE
+        yield ti.tobuf(tarfile.PAX_FORMAT)
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      dir_fd=dfd)
+        try:
+            for child in sorted(os.listdir(sub)):
+                yield from _entry(files, sub, child, f"{arc}/{child}")
+        finally:
+            os.close(sub)
+    elif st.S_ISLNK(s.st_mode):
+        ti.type, ti.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
+        yield ti.tobuf(tarfile.PAX_FORMAT)
+    elif st.S_ISREG(s.st_mode):
+        ti.size = s.st_size
+        yield ti.tobuf(tarfile.PAX_FORMAT)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        sent = 0
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while sent < ti.size:
+                chunk = f.read(min(CHUNK, ti.size - sent))
+                if not chunk:
+                    break
+                sent += len(chunk)
+                yield chunk
+        yield b"\0" * (ti.size - sent)  # file shrank while we read: keep the archive valid
+        yield _pad(ti.size)
+
+
+def tar_chunks(files: RootedFiles, path: str) -> Iterator[bytes]:
+    """Stream ``path`` as a tar whose top entry is its base name."""
+    p = PurePosixPath(path)
+    parent = files.open_dir_fd(str(p.parent))
+    try:
+        yield from _entry(files, parent, p.name or ".", p.name or ".")
+    finally:
+        os.close(parent)
+    yield b"\0" * (BLOCK * 2)
+
+
+def check_member(m: tarfile.TarInfo) -> str:
+    """The safe relative name of a member, or InvalidArgument naming it."""
+    name = m.name
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts:
+        raise InvalidArgument(f"tar entry {name!r} escapes the target directory")
+    if m.isdev() or m.isfifo():
+        raise InvalidArgument(f"tar entry {name!r} is a device or fifo; not allowed")
+    if m.islnk() and (m.linkname.startswith("/") or ".." in PurePosixPath(m.linkname).parts):
+        raise InvalidArgument(f"tar entry {name!r} hard-links outside the archive")
+    return "/".join(p for p in parts if p not in (".", ""))
+
+
+def untar_into(files: RootedFiles, dest: str, stream: BinaryIO, max_bytes: int) -> int:
+    """Unpack; regular files are written through rooted opens, setuid bits are dropped."""
+    total = count = 0
+    with tarfile.open(fileobj=stream, mode="r|*") as tf:
+        for m in tf:
+            rel = check_member(m)
+            if not rel:
+                continue
+            total += max(m.size, 0)
+            if total > max_bytes:
+                raise InvalidArgument(
+                    f"tar entry {m.name!r} takes the archive past its limit of {max_bytes} bytes")
+            target = f"{dest.rstrip('/')}/{rel}"
+            mode = m.mode & 0o777  # setuid, setgid and sticky bits are neutralised
+            if m.isdir():
+                files.mkdir(target)
+            elif m.issym():
+                files.mkdir(str(PurePosixPath(target).parent))
+                try:
+                    files.remove(target)
+                except Exception:
+                    pass
+                files.symlink(m.linkname, target)
+            elif m.islnk():
+                src = files.open_read(f"{dest.rstrip('/')}/{m.linkname}")
+                with src, files.open_write(target, mode) as out:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+            elif m.isfile():
+                files.mkdir(str(PurePosixPath(target).parent))
+                data = tf.extractfile(m)
+                with files.open_write(target, mode) as out:
+                    while data is not None and (chunk := data.read(CHUNK)):
+                        out.write(chunk)
+            count += 1
+    return count

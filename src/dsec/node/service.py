@@ -1,0 +1,366 @@
+"""The node agent: owns this host's sandboxes, their durable records and their lifetimes.
+
+Nothing here knows whether it runs in the embedded server or as a Ray actor: the cluster
+layer calls these coroutines. A sandbox outlives this process; on start the node finds its
+sandboxes again from SQLite and checks each one is really alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
+                             Unsupported)
+from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, NodeInfo,
+                             PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
+                             ShellRunRequest)
+from dsec.node import metrics
+from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
+from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.config import NodeConfig
+from dsec.node.execution import exec_events, run_exec
+from dsec.node.shells import ShellSession
+from dsec.node.store import NodeStore
+from dsec.placement.admission import NodeLoad, admit
+
+__all__ = ["NodeService"]
+
+log = logging.getLogger("dsec.node")
+LIVE = ("starting", "running", "paused")
+
+
+class NodeService:
+    """One per host. Create with :meth:`open`, end with :meth:`close`."""
+
+    def __init__(self, config: NodeConfig, backends: dict[str, Backend], store: NodeStore,
+                 node_id: str) -> None:
+        self.config = config
+        self.backends = backends
+        self.store = store
+        self.node_id = node_id
+        self.short = node_id.removeprefix("node-")
+        self.records: dict[str, SandboxRecord] = {}
+        self.shells: dict[str, ShellSession] = {}
+        self._reaper: asyncio.Task | None = None
+        self._start_sem = asyncio.Semaphore(config.start_concurrency)
+
+    @classmethod
+    async def open(cls, config: NodeConfig) -> NodeService:
+        from dsec.node.backends.registry import make_backends
+        store = NodeStore(config.state_dir / "node.db")
+        node_id = store.meta("node_id")
+        if node_id is None:
+            node_id = f"node-{secrets.token_hex(4)}"
+            store.set_meta("node_id", node_id)
+        backends = await asyncio.to_thread(make_backends, config)
+        node = cls(config, backends, store, node_id)
+        await node._recover()
+        node._reaper = asyncio.create_task(node._reap_forever())
+        return node
+
+    async def close(self, stop_sandboxes: bool = False) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+        for sh in list(self.shells.values()):
+            sh.close()
+        self.shells.clear()
+        if stop_sandboxes:
+            await asyncio.gather(*(self.stop(i) for i in list(self.records)),
+                                 return_exceptions=True)
+        self.store.close()
+
+    # ---- recovery and expiry ----
+    async def _recover(self) -> None:
+        for rec in self.store.all():
+            backend = self.backends.get(rec.spec.backend)
+            ok = rec.state in ("running", "paused") and backend is not None \
+                and await backend.alive(rec)
+            if ok:
+                self.records[rec.id] = rec
+                continue
+            log.info("sandbox %s did not survive (state %s); cleaning up", rec.id, rec.state)
+            if backend is not None:
+                await backend.stop(rec)
+            self.store.delete(rec.id)
+        await self._sweep_orphans()
+
+    async def _sweep_orphans(self) -> None:
+        """Directories of sandboxes no record knows (a crash mid-create) are removed."""
+        root = self.config.state_dir / "sandboxes"
+        if not root.is_dir():
+            return
+        for d in root.iterdir():
+            if d.name not in self.records:
+                spec = SandboxSpec(backend=_backend_of_dir(d, self.backends))
+                rec = SandboxRecord(id=d.name, spec=spec, state="failed", created_at=0,
+                                    last_active_at=0)
+                await self.backends[spec.backend].stop(rec)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            try:
+                await self.reap(time.time())
+            except Exception:  # the reaper must outlive any one bad sandbox
+                log.exception("reaper pass failed")
+
+    async def reap(self, now: float) -> None:
+        for rec in list(self.records.values()):
+            if rec.expires_at is not None and now >= rec.expires_at:
+                await self.stop(rec.id)
+            elif rec.spec.idle_ttl_s and now - rec.last_active_at >= rec.spec.idle_ttl_s:
+                if rec.spec.on_idle == "pause":
+                    if rec.state == "running":
+                        await self.pause(rec.id)
+                else:
+                    await self.stop(rec.id)
+
+    # ---- lookup ----
+    def _get(self, sb_id: str) -> SandboxRecord:
+        rec = self.records.get(sb_id)
+        if rec is None:
+            raise NotFound(f"sandbox {sb_id} not found")
+        return rec
+
+    def info(self, rec: SandboxRecord) -> SandboxInfo:
+        s = rec.spec
+        return SandboxInfo(id=rec.id, node=self.node_id, backend=s.backend, image=s.image,
+                           layers=s.layers, state=rec.state, cpu=s.cpu, memory_mb=s.memory_mb,
+                           disk_mb=s.disk_mb, job=s.job, labels=s.labels,
+                           created_at=rec.created_at, expires_at=rec.expires_at,
+                           last_active_at=rec.last_active_at, error=rec.error)
+
+    async def get(self, sb_id: str) -> SandboxInfo:
+        return self.info(self._get(sb_id))
+
+    async def list(self, job: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        out = []
+        for rec in self.records.values():
+            if job is not None and rec.spec.job != job:
+                continue
+            if labels and any(rec.spec.labels.get(k) != v for k, v in labels.items()):
+                continue
+            out.append(self.info(rec))
+        return out
+
+    def load(self) -> NodeLoad:
+        recs = self.records.values()
+        return NodeLoad(node_id=self.node_id, backends=tuple(self.backends),
+                        cpus=os.cpu_count() or 1, memory_mb=_host_memory_mb(),
+                        sandboxes=len(self.records),
+                        memory_reserved_mb=sum(r.spec.memory_mb for r in recs),
+                        cpu_reserved=sum(r.spec.cpu for r in recs))
+
+    async def node_info(self) -> NodeInfo:
+        load = self.load()
+        return NodeInfo(id=self.node_id, backends=list(load.backends), cpus=load.cpus,
+                        memory_mb=load.memory_mb, sandboxes=load.sandboxes,
+                        running=sum(r.state == "running" for r in self.records.values()))
+
+    # ---- lifecycle ----
+    def _new_record(self, spec: SandboxSpec) -> SandboxRecord:
+        if spec.backend not in self.backends:
+            raise Unsupported(f"backend {spec.backend!r} is not available on {self.node_id}; "
+                              f"available: {sorted(self.backends)}")
+        if spec.network != "none" and any(spec.network.values()):
+            raise Unsupported("network permissions other than 'none' are not enabled on "
+                              f"{self.node_id} yet")
+        now = time.time()
+        return SandboxRecord(id=f"sb-{self.short}-{secrets.token_hex(6)}", spec=spec,
+                             state="starting", created_at=now, last_active_at=now,
+                             expires_at=now + spec.ttl_s if spec.ttl_s else None)
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
+                       self.config.admission)
+        if reason:
+            raise Capacity(reason)
+        rec = self._new_record(spec)
+        self.records[rec.id] = rec
+        t0 = time.perf_counter()
+        try:
+            async with self._start_sem:
+                rec.runtime = await self.backends[spec.backend].start(rec)
+        except BaseException as exc:
+            self.records.pop(rec.id, None)
+            metrics.CREATE_FAILURES.labels(spec.backend).inc()
+            if isinstance(exc, DSecError):
+                raise
+            raise Capacity(f"could not start sandbox: {exc}") from exc
+        rec.state = "running"
+        self.store.put(rec)
+        metrics.CREATIONS.labels(spec.backend).inc()
+        metrics.CREATE_SECONDS.labels(spec.backend).observe(time.perf_counter() - t0)
+        return self.info(rec)
+
+    async def create_many(self, count: int, spec: SandboxSpec) -> tuple[list[SandboxInfo],
+                                                                          list[str]]:
+        reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
+                       self.config.admission, count=count)
+        if reason:
+            raise Capacity(reason)
+        results = await asyncio.gather(*(self.create(spec) for _ in range(count)),
+                                       return_exceptions=True)
+        made = [r for r in results if isinstance(r, SandboxInfo)]
+        errors = [str(r) for r in results if not isinstance(r, SandboxInfo)]
+        return made, errors
+
+    async def stop(self, sb_id: str) -> None:
+        rec = self._get(sb_id)
+        rec.state = "stopped"
+        for sh_id in [k for k, s in self.shells.items() if s.sandbox_id == sb_id]:
+            self.shells.pop(sh_id).close()
+        try:
+            await self.backends[rec.spec.backend].stop(rec)
+        finally:
+            self.records.pop(sb_id, None)
+            self.store.delete(sb_id)
+
+    async def pause(self, sb_id: str) -> SandboxInfo:
+        rec = self._get(sb_id)
+        if rec.state == "running":
+            await self.backends[rec.spec.backend].pause(rec)
+            rec.state = "paused"
+            self.store.put(rec)
+        return self.info(rec)
+
+    async def resume(self, sb_id: str) -> SandboxInfo:
+        rec = self._get(sb_id)
+        if rec.state == "paused":
+            await self.backends[rec.spec.backend].resume(rec)
+            rec.state = "running"
+            self.store.put(rec)
+        return self.info(rec)
+
+    async def _active(self, sb_id: str) -> tuple[Backend, SandboxRecord]:
+        """The record of a sandbox about to be used: resumed if paused, marked active."""
+        rec = self._get(sb_id)
+        if rec.state == "paused":
+            await self.resume(sb_id)
+        if rec.state != "running":
+            raise SandboxStopped(f"sandbox {sb_id} is {rec.state}")
+        rec.last_active_at = time.time()
+        return self.backends[rec.spec.backend], rec
+
+    # ---- exec and shells ----
+    async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
+        backend, rec = await self._active(sb_id)
+        with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
+            return await run_exec(backend, rec, req)
+
+    async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        backend, rec = await self._active(sb_id)
+        async for ev in exec_events(backend, rec, req):
+            yield ev
+
+    async def shell_open(self, sb_id: str) -> ShellInfo:
+        backend, rec = await self._active(sb_id)
+        spawn = SpawnRequest(argv=["/bin/sh"], env=_shell_env(rec),
+                             cwd=rec.runtime.get("image_cwd") or "/")
+        try:
+            proc = await AgentProcess.start(backend.connector(rec), spawn)
+        except AgentGone as exc:
+            raise SandboxStopped(f"sandbox {sb_id} is not answering: {exc}") from exc
+        sh = ShellSession(id=f"sh-{secrets.token_hex(6)}", sandbox_id=sb_id, proc=proc)
+        self.shells[sh.id] = sh
+        return ShellInfo(id=sh.id, sandbox_id=sb_id)
+
+    def _shell(self, sb_id: str, sh_id: str) -> ShellSession:
+        sh = self.shells.get(sh_id)
+        if sh is None or sh.sandbox_id != sb_id:
+            raise NotFound(f"shell {sh_id} not found in sandbox {sb_id}")
+        return sh
+
+    async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
+        await self._active(sb_id)
+        return await self._shell(sb_id, sh_id).run(req)
+
+    async def shell_close(self, sb_id: str, sh_id: str) -> None:
+        self._shell(sb_id, sh_id)
+        self.shells.pop(sh_id).close()
+
+    async def pty(self, sb_id: str, cmd: list[str] | None, rows: int, cols: int
+                  ) -> AgentProcess:
+        """An interactive process on a pseudo-terminal (``dsec shell``)."""
+        backend, rec = await self._active(sb_id)
+        spawn = SpawnRequest(argv=cmd or ["/bin/sh", "-i"], env=_shell_env(rec),
+                             cwd=rec.runtime.get("image_cwd") or "/", pty=True,
+                             rows=rows, cols=cols)
+        try:
+            return await AgentProcess.start(backend.connector(rec), spawn)
+        except AgentGone as exc:
+            raise SandboxStopped(f"sandbox {sb_id} is not answering: {exc}") from exc
+
+    # ---- files ----
+    async def files(self, sb_id: str):
+        backend, rec = await self._active(sb_id)
+        return backend.files(rec)
+
+    async def upper_dir(self, sb_id: str) -> Path:
+        backend, rec = await self._active(sb_id)
+        if not hasattr(backend, "upper_dir"):
+            raise Unsupported(f"backend {rec.spec.backend} cannot pack its writable layer")
+        return backend.upper_dir(rec)
+
+    # ---- images ----
+    def _images(self):
+        images = getattr(self.backends.get("container"), "images", None)
+        if images is None:
+            raise Unsupported(f"node {self.node_id} has no layer store")
+        return images
+
+    async def list_images(self) -> list[ImageSummary]:
+        infos = await asyncio.to_thread(self._images().list_images)
+        return [ImageSummary(name=i.name, digest=i.manifest_digest, layers=i.layers,
+                             size=i.size, created=i.created.timestamp()) for i in infos]
+
+    async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
+        """Pack the writable layer as a new layer over the sandbox's image, frozen meanwhile."""
+        upper = await self.upper_dir(sb_id)
+        rec = self._get(sb_id)
+        images = self._images()
+        await self.pause(sb_id)
+        try:
+            base = await asyncio.to_thread(images.resolve, rec.spec.image, rec.spec.layers)
+            info = await asyncio.to_thread(images.pack_diff, upper, req.tag, base,
+                                           ["/.dsec", *req.exclude])
+        finally:
+            await self.resume(sb_id)
+        return ImageSummary(name=info.tag or req.tag, digest=info.manifest_digest or "",
+                            layers=len(base.layer_digests) + 1, size=info.size,
+                            created=time.time())
+
+    def record(self, sb_id: str) -> SandboxRecord:
+        return self._get(sb_id)
+
+    def touch_store(self) -> None:
+        """Persist last-activity times (cheap; called by the reaper's caller if wanted)."""
+        for rec in self.records.values():
+            self.store.touch(rec.id, rec.last_active_at)
+
+
+def _shell_env(rec: SandboxRecord) -> dict[str, str]:
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOME": "/root", "HOSTNAME": rec.id, "TERM": "xterm"}
+    env.update(rec.runtime.get("image_env") or {})
+    env.update(rec.spec.env)
+    return env
+
+
+def _backend_of_dir(d: Path, backends: dict[str, Backend]) -> str:
+    marker = d / "backend"
+    name = marker.read_text().strip() if marker.exists() else "container"
+    if name not in backends:
+        raise InvalidArgument(f"orphan {d.name} belongs to unknown backend {name}")
+    return name
+
+
+def _host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)

@@ -1,0 +1,87 @@
+"""Node-local durable state: one SQLite row per sandbox.
+
+The node agent is the only writer. WAL mode and ``synchronous=NORMAL`` make a write survive
+a SIGKILL of the process (the data is in the WAL); only a host crash can lose the last
+transactions, and a host crash takes the sandboxes with it anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+from dsec.api.models import SandboxSpec
+from dsec.node.backends.base import SandboxRecord
+
+__all__ = ["NodeStore"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_active_at REAL NOT NULL,
+    expires_at REAL,
+    runtime TEXT NOT NULL DEFAULT '{}',
+    error TEXT
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class NodeStore:
+    """Sandboxes of this node, by id; thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def put(self, rec: SandboxRecord) -> None:
+        row = (rec.id, rec.spec.model_dump_json(), rec.state, rec.created_at,
+               rec.last_active_at, rec.expires_at, json.dumps(rec.runtime), rec.error)
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?)", row)
+
+    def put_many(self, recs: list[SandboxRecord]) -> None:
+        rows = [(r.id, r.spec.model_dump_json(), r.state, r.created_at, r.last_active_at,
+                 r.expires_at, json.dumps(r.runtime), r.error) for r in recs]
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?)",
+                                 rows)
+            self._db.execute("COMMIT")
+
+    def touch(self, sb_id: str, when: float) -> None:
+        with self._lock:
+            self._db.execute("UPDATE sandboxes SET last_active_at=? WHERE id=?", (when, sb_id))
+
+    def delete(self, sb_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sandboxes WHERE id=?", (sb_id,))
+
+    def all(self) -> list[SandboxRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
+        return [SandboxRecord(id=r[0], spec=SandboxSpec.model_validate_json(r[1]), state=r[2],
+                              created_at=r[3], last_active_at=r[4], expires_at=r[5],
+                              runtime=json.loads(r[6]), error=r[7]) for r in rows]
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,45 @@
+"""Admission: may this node take one more sandbox? Pure, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["NodeLoad", "AdmissionPolicy", "admit"]
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """What a node holds now; the figures placement and admission decide on."""
+
+    node_id: str
+    backends: tuple[str, ...]
+    cpus: int
+    memory_mb: int
+    sandboxes: int
+    memory_reserved_mb: int
+    cpu_reserved: float
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Limits a node enforces; idle sandboxes use little, so memory is overcommitted."""
+
+    max_sandboxes: int = 4096
+    memory_overcommit: float = 8.0
+    cpu_overcommit: float = 64.0
+
+
+def admit(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
+          policy: AdmissionPolicy = AdmissionPolicy(), count: int = 1) -> str | None:
+    """None when the node can take ``count`` more such sandboxes, else the reason it cannot."""
+    if backend not in load.backends:
+        return f"node {load.node_id} has no {backend!r} backend"
+    if load.sandboxes + count > policy.max_sandboxes:
+        return f"node {load.node_id} holds {load.sandboxes} sandboxes (limit {policy.max_sandboxes})"
+    mem_cap = load.memory_mb * policy.memory_overcommit
+    if load.memory_reserved_mb + memory_mb * count > mem_cap:
+        return (f"node {load.node_id} has {load.memory_reserved_mb} MiB reserved of "
+                f"{mem_cap:.0f} MiB it may promise")
+    if load.cpu_reserved + cpu * count > load.cpus * policy.cpu_overcommit:
+        return f"node {load.node_id} has {load.cpu_reserved:g} CPUs reserved"
+    return None

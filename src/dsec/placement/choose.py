@@ -1,0 +1,37 @@
+"""Placement: pick a node for a sandbox. Pure: the caller supplies loads and randomness.
+
+Filter the nodes that have the backend and room (admission), then power-of-k-choices on
+load, where load counts the gateway's own recent placements too, so several gateways
+(or one gateway placing a burst) do not all pile onto the node that looked emptiest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
+
+__all__ = ["choose_node", "score"]
+
+
+def score(load: NodeLoad, recent: int) -> float:
+    """Lower is better: reserved memory share plus the placements not yet visible in load."""
+    mem = load.memory_reserved_mb / max(load.memory_mb, 1)
+    return mem + (load.sandboxes + recent) / 1000.0
+
+
+def choose_node(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
+                recent: Mapping[str, int] | None = None, k: int = 2,
+                rng: random.Random | None = None,
+                policy: AdmissionPolicy = AdmissionPolicy(),
+                exclude: frozenset[str] = frozenset()) -> NodeLoad | None:
+    """The chosen node, or None when no node can take the sandbox."""
+    recent = recent or {}
+    rng = rng or random.Random()
+    fits = [n for n in loads if n.node_id not in exclude
+            and admit(n, backend, memory_mb, cpu, policy) is None]
+    if not fits:
+        return None
+    sample = rng.sample(fits, min(k, len(fits)))
+    return min(sample, key=lambda n: score(n, recent.get(n.node_id, 0)))

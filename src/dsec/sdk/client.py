@@ -1,0 +1,170 @@
+"""The asynchronous SDK client: the one place the HTTP API is spoken from Python."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from dsec.api.errors import error_from_wire
+from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
+                             SandboxList, SandboxSpec)
+from dsec.sdk.sandbox import AsyncSandbox
+
+__all__ = ["AsyncClient", "default_url", "default_token"]
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get("DSEC_STATE_DIR", "/var/lib/dsec"))
+
+
+def default_url() -> str:
+    """DSEC_URL, else the URL the local server wrote, else the default port on loopback."""
+    if os.environ.get("DSEC_URL"):
+        return os.environ["DSEC_URL"].rstrip("/")
+    try:
+        return (_state_dir() / "url").read_text().strip().rstrip("/")
+    except OSError:
+        return "http://127.0.0.1:7070"
+
+
+def default_token() -> str | None:
+    """DSEC_TOKEN, else the local server's token file when this user can read it."""
+    if os.environ.get("DSEC_TOKEN"):
+        return os.environ["DSEC_TOKEN"]
+    try:
+        return (_state_dir() / "token").read_text().strip()
+    except OSError:
+        return None
+
+
+class AsyncClient:
+    """Talks to a dsec gateway. ``async with AsyncClient() as c: sb = await c.create()``."""
+
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 timeout: float = 120.0) -> None:
+        self.url = (url or default_url()).rstrip("/")
+        self._token = token if token is not None else default_token()
+        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
+                                       timeout=httpx.Timeout(timeout, connect=10.0),
+                                       limits=httpx.Limits(max_connections=256,
+                                                           max_keepalive_connections=64))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP connections. Sandboxes keep running."""
+        await self._http.aclose()
+
+    # ---- transport ----
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        resp = await self._http.request(method, path, **kw)
+        if resp.status_code >= 400:
+            await resp.aread()
+            try:
+                body = resp.json()
+            except ValueError:
+                body = resp.text
+            raise error_from_wire(body, resp.status_code)
+        return resp
+
+    async def _stream_lines(self, path: str, body: dict) -> AsyncIterator[dict]:
+        async with self._http.stream("POST", path, json=body, timeout=None) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise error_from_wire(resp.json(), resp.status_code)
+            async for line in resp.aiter_lines():
+                if line:
+                    yield json.loads(line)
+
+    # ---- sandboxes ----
+    async def create(self, backend: Literal["container", "microvm", "vm", "fncall"] = "container",
+                     image: str = "busybox", *, layers: list[str] | None = None,
+                     cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024,
+                     pids: int = 512, ttl_s: float | None = 3600.0,
+                     idle_ttl_s: float | None = None, on_idle: str = "stop",
+                     network: str | dict[str, bool] = "none", job: str | None = None,
+                     labels: dict[str, str] | None = None,
+                     env: dict[str, str] | None = None) -> AsyncSandbox:
+        """Create one sandbox and return it running."""
+        spec = _spec(locals())
+        resp = await self._request("POST", "/v1/sandboxes", json=spec.model_dump())
+        return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
+
+    async def create_many(self, count: int,
+                          backend: Literal["container", "microvm", "vm", "fncall"] = "container",
+                          image: str = "busybox", *, layers: list[str] | None = None,
+                          cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024,
+                          pids: int = 512, ttl_s: float | None = 3600.0,
+                          idle_ttl_s: float | None = None, on_idle: str = "stop",
+                          network: str | dict[str, bool] = "none", job: str | None = None,
+                          labels: dict[str, str] | None = None,
+                          env: dict[str, str] | None = None) -> list[AsyncSandbox]:
+        """Create ``count`` sandboxes in one request, started concurrently on the server.
+
+        Raises the first error only when none could be created; otherwise returns those
+        that were (check ``len``)."""
+        args = dict(locals())
+        args.pop("count")
+        req = CreateManyRequest(count=count, spec=_spec(args))
+        resp = await self._request("POST", "/v1/sandboxes/batch", json=req.model_dump(),
+                                   timeout=None)
+        body = resp.json()
+        made = [AsyncSandbox(self, SandboxInfo.model_validate(s)) for s in body["sandboxes"]]
+        if not made and body["errors"]:
+            raise error_from_wire({"error": {"code": "capacity", "message": body["errors"][0]}},
+                                  503)
+        return made
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """The sandbox with this id (it may have been created by another client)."""
+        resp = await self._request("GET", f"/v1/sandboxes/{sandbox_id}")
+        return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
+
+    async def attach(self, sandbox_id: str) -> AsyncSandbox:
+        """Reconnect to a running sandbox, e.g. after the trainer was preempted."""
+        return await self.get(sandbox_id)
+
+    async def list(self, job: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        """Sandboxes, optionally only a job's or those carrying every given label."""
+        params: list[tuple[str, str]] = []
+        if job is not None:
+            params.append(("job", job))
+        params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        resp = await self._request("GET", "/v1/sandboxes", params=params)
+        return SandboxList.model_validate(resp.json()).sandboxes
+
+    async def images(self) -> list[ImageSummary]:
+        """Images (tags) the server knows."""
+        resp = await self._request("GET", "/v1/images")
+        return [ImageSummary.model_validate(x) for x in resp.json()]
+
+    async def nodes(self) -> list[NodeInfo]:
+        """Nodes of the cluster with their load."""
+        resp = await self._request("GET", "/v1/nodes")
+        return [NodeInfo.model_validate(x) for x in resp.json()]
+
+    async def stop_all(self, job: str | None = None) -> int:
+        """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
+        infos = await self.list(job=job)
+        await asyncio.gather(*(self._request("DELETE", f"/v1/sandboxes/{i.id}") for i in infos))
+        return len(infos)
+
+
+def _spec(args: dict) -> SandboxSpec:
+    fields = {k: v for k, v in args.items() if k != "self" and v is not None
+              and k in SandboxSpec.model_fields}
+    for k in ("ttl_s", "idle_ttl_s"):
+        fields[k] = args.get(k)
+    return SandboxSpec(**fields)
