@@ -29,6 +29,10 @@ class LayerRef(_Model):
 
     digest: str = Field(description="'sha256:<64 hex>' of the EROFS blob.")
     size: int = Field(ge=0, description="Size of the blob in bytes.")
+    chunks: str | None = Field(
+        None, description="'sha256:...' of the blob's chunk table (the raw sha256 of each "
+                          "256 KiB chunk, concatenated): lets a node verify chunks it fetches "
+                          "on demand before it has the whole blob.")
 
 
 class Manifest(_Model):

@@ -15,8 +15,9 @@ from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Man
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
 from dsec.images.refs import check_digest, is_digest, layer_id, normalize_ref
+from dsec.images.sources import LayerSources, RemoteConfig
 from dsec.images.stage import stage_upper
-from dsec.images.store import LocalStore
+from dsec.images.store import LocalStore, hash_blob, table_digest
 from dsec.images.tarsafe import TarLimits
 
 __all__ = ["ImageService"]
@@ -27,24 +28,54 @@ BUSYBOX_TAG = "busybox:latest"
 class ImageService:
     """Layer blobs, manifests, tags and layer mounts, all under ``state_dir/"images"``."""
 
-    def __init__(self, state_dir: pathlib.Path, limits: TarLimits | None = None) -> None:
+    def __init__(self, state_dir: pathlib.Path, limits: TarLimits | None = None,
+                 remote: RemoteConfig | str | None = None) -> None:
+        """``limits``: policy for untrusted tars. ``remote``: a remote layer store (URL or
+        RemoteConfig) to take manifests and layers from when they are not local."""
         self.limits = limits or TarLimits()
         self.root = pathlib.Path(state_dir) / "images"
         self.store = LocalStore(self.root)
         self.lock = StoreLock(self.root / ".lock")
-        self.mounts = LayerMounts(self.root / "mnt", self.lock, self.store.verify_blob)
+        if isinstance(remote, str):
+            remote = RemoteConfig(url=remote)
+        self.sources = LayerSources(self.store, remote)
+        self.mounts = LayerMounts(self.root / "mnt", self.lock, self.sources.source_for)
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes this node has fetched from the remote store (lazy chunks and pulls)."""
+        return self.sources.cache.bytes_fetched()
 
     # -- lookups -----------------------------------------------------------------------
     def manifest_digest(self, ref: str) -> str:
         """The manifest digest a tag or digest reference names; NotFound if unknown."""
         if is_digest(ref):
-            self.store.manifest_bytes(ref)  # raises NotFound / CorruptBlob
+            try:
+                self.store.manifest_bytes(ref)  # raises NotFound / CorruptBlob
+            except NotFound:
+                if self.sources.fetch_manifest(ref) is None:
+                    raise
             return ref
         digest = self.store.get_tag(normalize_ref(ref))
+        if digest is None and self.sources.remote is not None:
+            digest = self.pull(ref)
         if digest is None:
             known = list(self.store.tags())
             shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
             raise NotFound(f"image {ref!r} not found; known: {shown or '(none)'}")
+        return digest
+
+    def pull(self, ref: str) -> str:
+        """Take tag ``ref`` from the remote store (again): fetch its manifest, tag it here.
+
+        Layer data is not fetched here; it comes on demand (or whole, with lazy=False)
+        when the layer is first mounted. Returns the manifest digest.
+        """
+        ref = normalize_ref(ref)
+        digest = self.sources.fetch_manifest(ref)
+        if digest is None:
+            raise NotFound(f"image {ref!r}: no remote layer store is configured")
+        self.store.set_tag(ref, digest)
         return digest
 
     def manifest(self, ref: str) -> Manifest:
@@ -61,7 +92,7 @@ class ImageService:
         layer_digests = [lr.digest for m in manifests for lr in m.layers]
         for ref, m in zip(refs, manifests):
             for lr in m.layers:
-                if not self.store.has_blob(lr.digest):
+                if not self.store.has_blob(lr.digest) and self.sources.remote is None:
                     raise NotFound(f"image {ref!r} names layer {lr.digest}, which is not "
                                    f"in the store; import or pull it again")
         mounted = [self.mounts.ensure(d) for d in layer_digests]
@@ -82,8 +113,10 @@ class ImageService:
         return out
 
     def unmount_all(self) -> None:
-        """Unmount every layer mount of this store (tests' cleanup, node shutdown)."""
+        """Unmount every layer mount of this store (tests' cleanup, node shutdown), then
+        stop the lazy-loading daemon if one runs."""
         self.mounts.unmount_all()
+        self.sources.stop_daemon()
 
     def ensure_busybox(self) -> str:
         """Make sure the built-in ``busybox`` image exists; returns its manifest digest.
@@ -129,7 +162,7 @@ class ImageService:
         """
         for lr in layers:
             check_digest(lr.digest)
-            if not self.store.has_blob(lr.digest):
+            if not self.store.has_blob(lr.digest) and self.store.layer_ref(lr.digest) is None:
                 raise NotFound(f"layer {lr.digest} is not in the store")
         manifest = Manifest(layers=layers, config=config or ImageConfig(),
                             created=dt.datetime.now(dt.timezone.utc))
@@ -151,11 +184,15 @@ class ImageService:
             raise NotFound(f"tag {ref!r} not found")
 
     def layer_ref(self, digest: str) -> LayerRef:
-        """The LayerRef (digest and size) of a layer in the store."""
-        try:
-            return LayerRef(digest=digest, size=self.store.blob_path(digest).stat().st_size)
-        except FileNotFoundError:
-            raise NotFound(f"layer {digest} is not in the store") from None
+        """The LayerRef (digest, size, chunk table digest) of a layer in the store."""
+        known = self.store.layer_ref(digest)
+        if known is not None:
+            return known
+        path = self.store.blob_path(digest)
+        if not path.is_file():
+            raise NotFound(f"layer {digest} is not in the store")
+        _, table = hash_blob(path)
+        return LayerRef(digest=digest, size=path.stat().st_size, chunks=table_digest(table))
 
     # -- import --------------------------------------------------------------------------
     def import_rootfs(self, src: pathlib.Path, tag: str | None = None,
@@ -217,9 +254,7 @@ class ImageService:
             plan.manifests = [d for d in plan.manifests if d not in young]
             for d in plan.layers:
                 self.mounts.unmount(d)
-                path = self.store.blob_path(d)
-                plan.bytes_freed += path.stat().st_size
-                path.unlink()
+                plan.bytes_freed += self.store.remove_blob(d)
             for d in plan.manifests:
                 (self.store.manifests / d.split(":", 1)[1]).unlink(missing_ok=True)
         return plan

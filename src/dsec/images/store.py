@@ -5,6 +5,7 @@ Layout under ``root`` (a shared filesystem mount works the same way)::
     blobs/sha256/<hex>        EROFS layer images, named by the sha256 of their bytes
     manifests/sha256/<hex>    manifest JSON, named by the sha256 of its bytes
     tags/<quoted name:tag>.json   {"manifest": "sha256:..."}; replaced atomically
+    layers/<hex>.json         the LayerRef (size, chunk table digest) of each known layer
     tmp/                      files being written; renamed into place when complete
 
 Every write goes to ``tmp/`` first and is renamed into place, so a reader never sees half a
@@ -24,7 +25,10 @@ from dsec.api.errors import Internal, NotFound
 from dsec.images.models import LayerRef, Manifest
 from dsec.images.refs import check_digest, digest_hex, normalize_ref, tag_filename
 
-__all__ = ["LocalStore", "CorruptBlob", "sha256_file"]
+__all__ = ["LocalStore", "CorruptBlob", "sha256_file", "hash_blob", "table_digest",
+           "CHUNK_SIZE"]
+
+CHUNK_SIZE = 256 << 10
 
 
 class CorruptBlob(Internal):
@@ -37,6 +41,21 @@ def sha256_file(path: pathlib.Path) -> str:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def hash_blob(path: pathlib.Path) -> tuple[str, bytes]:
+    """One pass over a blob: its digest and its chunk table (sha256 of each CHUNK_SIZE piece)."""
+    whole, table = hashlib.sha256(), bytearray()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            whole.update(chunk)
+            table += hashlib.sha256(chunk).digest()
+    return "sha256:" + whole.hexdigest(), bytes(table)
+
+
+def table_digest(table: bytes) -> str:
+    """The digest a manifest records for a chunk table."""
+    return "sha256:" + hashlib.sha256(table).hexdigest()
+
+
 class LocalStore:
     """Blobs, manifests and tags kept in a directory tree (see module docstring)."""
 
@@ -46,7 +65,8 @@ class LocalStore:
         self.manifests = self.root / "manifests" / "sha256"
         self.tags_dir = self.root / "tags"
         self.tmp = self.root / "tmp"
-        for d in (self.blobs, self.manifests, self.tags_dir, self.tmp):
+        self.layer_index = self.root / "layers"
+        for d in (self.blobs, self.manifests, self.tags_dir, self.tmp, self.layer_index):
             d.mkdir(parents=True, exist_ok=True)
 
     # -- blobs -------------------------------------------------------------------------
@@ -60,7 +80,7 @@ class LocalStore:
 
     def add_blob_file(self, path: pathlib.Path) -> LayerRef:
         """Move a finished file into the store under its digest; returns its LayerRef."""
-        digest = sha256_file(path)
+        digest, table = hash_blob(path)
         size = path.stat().st_size
         dest = self.blob_path(digest)
         if dest.exists():
@@ -69,7 +89,7 @@ class LocalStore:
         else:
             os.chmod(path, 0o444)
             os.replace(path, dest)
-        return LayerRef(digest=digest, size=size)
+        return LayerRef(digest=digest, size=size, chunks=table_digest(table))
 
     def verify_blob(self, digest: str) -> pathlib.Path:
         """Return the blob's path after checking its bytes hash to ``digest``."""
@@ -89,19 +109,36 @@ class LocalStore:
     # -- manifests ---------------------------------------------------------------------
     def put_manifest(self, manifest: Manifest) -> str:
         """Store ``manifest``; returns its digest."""
-        data = manifest.model_dump_json().encode()
+        return self.put_manifest_bytes(manifest.model_dump_json().encode())
+
+    def put_manifest_bytes(self, data: bytes) -> str:
+        """Store manifest JSON exactly as given (e.g. fetched remotely); returns its digest."""
+        manifest = Manifest.model_validate_json(data)
+        for lr in manifest.layers:
+            path = self.layer_index / (digest_hex(lr.digest) + ".json")
+            if not path.exists():
+                self._write_atomic(path, lr.model_dump_json().encode())
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         dest = self.manifests / digest_hex(digest)
         if not dest.exists():
             self._write_atomic(dest, data)
         return digest
 
-    def put_manifest_bytes(self, data: bytes) -> str:
-        """Store manifest JSON exactly as given (e.g. fetched remotely); returns its digest."""
-        Manifest.model_validate_json(data)
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        self._write_atomic(self.manifests / digest_hex(digest), data)
-        return digest
+    def layer_ref(self, digest: str) -> LayerRef | None:
+        """The LayerRef recorded for a layer by any manifest stored here, or None."""
+        try:
+            return LayerRef.model_validate_json(
+                (self.layer_index / (digest_hex(digest) + ".json")).read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def remove_blob(self, digest: str) -> int:
+        """Delete a blob and its index entry; returns the bytes freed."""
+        path = self.blob_path(digest)
+        size = path.stat().st_size if path.exists() else 0
+        path.unlink(missing_ok=True)
+        (self.layer_index / (digest_hex(digest) + ".json")).unlink(missing_ok=True)
+        return size
 
     def manifest_bytes(self, digest: str) -> bytes:
         """The manifest's JSON, verified against its digest."""
