@@ -7,10 +7,11 @@ import pathlib
 import shutil
 import time
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import InvalidArgument, NotFound
 from dsec.images import erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
 from dsec.images.gc import GcPlan, plan_gc
+from dsec.images.merge import merge_trees
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
@@ -231,6 +232,32 @@ class ImageService:
         digest = self.commit(tag, layers, config or base.config)
         return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
                          manifest_digest=digest, tag=tag)
+
+    def merge(self, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
+        """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.
+
+        The new manifest lists the layers below the range, the merged layer, then the
+        layers above it, so the image's filesystem is unchanged. Whiteouts and opaque
+        markers are kept where layers below the range still need hiding.
+        """
+        m = self.manifest(ref)
+        end = len(m.layers) if count is None else start + count
+        if not 0 <= start < end <= len(m.layers):
+            raise InvalidArgument(f"cannot merge layers {start}..{end} of {ref!r}: it has "
+                                  f"{len(m.layers)} layers (start from 0, count at least 1)")
+        dirs = [self.mounts.ensure(lr.digest) for lr in m.layers[start:end]]
+        below = [self.mounts.ensure(lr.digest) for lr in m.layers[:start]]
+        work = self.store.tempdir("merge-")
+        try:
+            rootfs = work / "rootfs"
+            rootfs.mkdir()
+            merge_trees(dirs, rootfs, below)
+            layer = self.add_layer_dir(rootfs)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        digest = self.commit(tag, [*m.layers[:start], layer, *m.layers[end:]], m.config)
+        return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
+                         manifest_digest=digest, tag=normalize_ref(tag))
 
     def gc(self, in_use: set[str] | None = None, grace_s: float = 600.0) -> GcPlan:
         """Delete manifests no tag names and layers no kept manifest lists.

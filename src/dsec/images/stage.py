@@ -17,7 +17,7 @@ import stat
 from dsec.api.errors import InvalidArgument
 from dsec.images.whiteout import OPAQUE_XATTR, OVERLAY_XATTR_PREFIX, is_whiteout
 
-__all__ = ["stage_upper", "excluded"]
+__all__ = ["stage_upper", "excluded", "copy_entry", "copy_meta"]
 
 # Layers made with these overlay features depend on the exact lower layers of one node.
 _UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
@@ -48,7 +48,8 @@ def _copy_xattrs(src: str, dst: str) -> None:
                     follow_symlinks=False)
 
 
-def _copy_meta(src: str, dst: str, st: os.stat_result, *, is_link: bool = False) -> None:
+def copy_meta(src: str, dst: str, st: os.stat_result, *, is_link: bool = False) -> None:
+    """Copy owner, mode, mtime and xattrs (less overlay bookkeeping) from src to dst."""
     os.chown(dst, st.st_uid, st.st_gid, follow_symlinks=False)
     if not is_link:
         _copy_xattrs(src, dst)
@@ -91,14 +92,19 @@ def stage_upper(upper: pathlib.Path, dest: pathlib.Path, exclude: list[str] | No
             rel = rel_dir.rstrip("/") + "/" + name
             if excluded(rel, exclude):
                 continue
-            count += _stage_entry(src, os.path.join(out_dir, name), links)
+            count += copy_entry(src, os.path.join(out_dir, name), links)
     for src, dst, st in reversed(dirs):  # after children, so mtimes stick
-        _copy_meta(src, dst, st)
-    _copy_meta(str(upper), str(dest), os.lstat(upper))
+        copy_meta(src, dst, st)
+    copy_meta(str(upper), str(dest), os.lstat(upper))
     return count
 
 
-def _stage_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
+def copy_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
+    """Copy one non-directory entry; returns 1 if copied, 0 if dropped (devices, sockets).
+
+    ``links`` maps (dev, ino) of multiply-linked sources to their first copy, so hard
+    links stay hard links.
+    """
     st = os.lstat(src)
     mode = st.st_mode
     if stat.S_ISREG(mode) and st.st_nlink > 1:
@@ -111,7 +117,7 @@ def _stage_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
         shutil.copyfile(src, dst, follow_symlinks=False)
     elif stat.S_ISLNK(mode):
         os.symlink(os.readlink(src), dst)
-        _copy_meta(src, dst, st, is_link=True)
+        copy_meta(src, dst, st, is_link=True)
         return 1
     elif is_whiteout(st):
         os.mknod(dst, stat.S_IFCHR | 0o600, os.makedev(0, 0))
@@ -119,5 +125,5 @@ def _stage_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
         os.mkfifo(dst)
     else:
         return 0  # device nodes and sockets are not layer content
-    _copy_meta(src, dst, st)
+    copy_meta(src, dst, st)
     return 1
