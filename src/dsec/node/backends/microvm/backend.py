@@ -1,0 +1,200 @@
+"""The microvm backend: each sandbox is a QEMU ``microvm`` guest with its own kernel.
+
+Per sandbox, under ``<state>/sandboxes/<id>/``:
+  backend      "microvm" (how the node's orphan sweep finds the owner)
+  launch.json  the LaunchSpec QEMU was started from (restore rebuilds the same machine)
+  qemu.pid, qmp.sock, port   the running QEMU, its control socket, the agent's host port
+  rw.img       the writable disk (sparse ext4, ``disk_mb``; or a qcow2 over a template's)
+  console.log  the drained serial console, size-capped
+  saved.mig    guest RAM and device state while paused to disk
+The guest boots the Debian kernel with dsec's initramfs, which mounts the image's EROFS
+layers (the layer blob files, shared read-only by every guest) under an overlay on rw.img
+and runs the dsec-agent; the node reaches it by loopback TCP through QEMU user networking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dsec.node.agent.client import AgentConnector
+from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.microvm import accel as accel_mod
+from dsec.node.backends.microvm import snapshot
+from dsec.node.backends.microvm.console import console_tail, drain_console, oom_count
+from dsec.node.backends.microvm.files import AgentFiles
+from dsec.node.backends.microvm.guest import GuestArtifacts, ensure_guest
+from dsec.node.backends.microvm.qemu import LaunchSpec, kill_qemu, launch, read_pid
+from dsec.node.backends.microvm.qmp import QMPError, qmp
+from dsec.node.backends.microvm.runtime import (FAILED_STATES, make_scratch, port_connector,
+                                                 qemu_pss, read_port, save_launch,
+                                                 wait_ready)
+
+__all__ = ["MicroVMBackend", "MicroVMConfig"]
+
+class MicroVMConfig(BaseModel):
+    """Node-level settings of the microvm backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    qemu: str = Field("qemu-system-x86_64", description="QEMU binary")
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        "auto", description="auto: KVM if a probe guest boots under it, else TCG")
+    boot_timeout_s: float = Field(120.0, gt=0,
+                                  description="a guest whose agent is silent this long fails")
+    agent_port: int = Field(7000, ge=1, le=65535, description="agent port inside the guest")
+    console_log_bytes: int = Field(1 << 20, ge=4096, description="cap of console.log")
+    ksm: bool = Field(True, description="turn on the host's KSM so guests share equal pages")
+    pause_to_disk: bool = Field(False, description="pause saves the guest to disk, ends QEMU")
+    guest_dir: Path | None = Field(None, description="guest kernel/initramfs cache; "
+                                                     "default <state>/microvm/guest")
+
+
+class MicroVMBackend:
+    """Runs sandboxes as QEMU microvm guests; see the module docstring for the layout."""
+
+    name = "microvm"
+    machine: Literal["microvm", "q35"] = "microvm"
+
+    def __init__(self, state_dir: Path, images, agent_binary: Path | None = None,
+                 config: MicroVMConfig | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.images = images
+        self.agent_binary = agent_binary
+        self.config = config or MicroVMConfig()
+        self._art: GuestArtifacts | None = None
+        self._accel: str | None = None if self.config.accel == "auto" else self.config.accel
+        if self.config.ksm:
+            enable_ksm()
+
+    # ---- paths and shared setup ----
+    def sandbox_dir(self, sb_id: str) -> Path:
+        return self.state_dir / "sandboxes" / sb_id
+
+    async def artifacts(self) -> GuestArtifacts:
+        """The guest kernel and initramfs, built on first use."""
+        if self._art is None:
+            out = self.config.guest_dir or self.state_dir / "microvm" / "guest"
+            self._art = await asyncio.to_thread(ensure_guest, out, self.agent_binary)
+        return self._art
+
+    async def accel(self) -> str:
+        """``kvm`` or ``tcg`` for this node (probed once, then cached on disk)."""
+        if self._accel is None:
+            self._accel = await accel_mod.detect_accel(self.state_dir, self.config.qemu,
+                                                       await self.artifacts())
+        return self._accel
+
+    async def launch_spec(self, rec: SandboxRecord, d: Path) -> tuple[LaunchSpec, dict]:
+        """The machine for ``rec``'s spec and the image facts the node keeps."""
+        art = await self.artifacts()
+        s = rec.spec
+        resolved = await asyncio.to_thread(self.images.resolve, s.image, s.layers)
+        blobs = [self.images.store.blob_path(dg) for dg in resolved.layer_digests]
+        spec = LaunchSpec(
+            qemu=self.config.qemu, machine="microvm", accel=await self.accel(),
+            memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), kernel=art.kernel,
+            initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
+            agent_port=self.config.agent_port, hostname=_hostname(rec.id),
+            network=s.network != "none")
+        facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
+                 "image_user": resolved.config.user or "root",
+                 "layer_digests": list(resolved.layer_digests)}
+        return spec, facts
+
+    # ---- lifecycle ----
+    async def start(self, rec: SandboxRecord) -> dict:
+        d = self.sandbox_dir(rec.id)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "backend").write_text(self.name)
+        try:
+            spec, facts = await self.launch_spec(rec, d)
+            await asyncio.to_thread(make_scratch, d / "rw.img", rec.spec.disk_mb)
+            await self._boot(spec)
+        except BaseException:
+            await self.stop(rec)
+            raise
+        return {"dir": str(d), "accel": spec.accel, **facts}
+
+    async def _boot(self, spec: LaunchSpec) -> LaunchSpec:
+        spec = await launch(spec)
+        save_launch(spec)
+        await wait_ready(spec.workdir, self.config.boot_timeout_s)
+        return spec
+
+    async def stop(self, rec: SandboxRecord) -> None:
+        d = self.sandbox_dir(rec.id)
+        if read_pid(d) is not None:
+            await asyncio.to_thread(drain_console, d, self.config.console_log_bytes)
+        await kill_qemu(d)
+        await asyncio.to_thread(shutil.rmtree, d, True)
+
+    async def pause(self, rec: SandboxRecord) -> None:
+        d = self.sandbox_dir(rec.id)
+        if self.config.pause_to_disk:
+            await snapshot.save(d)
+        else:
+            await qmp(d / "qmp.sock", "stop")
+
+    async def resume(self, rec: SandboxRecord) -> None:
+        d = self.sandbox_dir(rec.id)
+        if snapshot.saved_path(d).exists():
+            await snapshot.restore(d)
+            await wait_ready(d, self.config.boot_timeout_s)
+        else:
+            await qmp(d / "qmp.sock", "cont")
+
+    async def alive(self, rec: SandboxRecord) -> bool:
+        d = self.sandbox_dir(rec.id)
+        if snapshot.saved_path(d).exists():
+            return True
+        if read_pid(d) is None:
+            return False
+        try:
+            status = (await qmp(d / "qmp.sock", "query-status", timeout=5.0))["status"]
+        except QMPError:
+            return False
+        return status not in FAILED_STATES
+
+    def connector(self, rec: SandboxRecord) -> AgentConnector:
+        return port_connector(self.sandbox_dir(rec.id))
+
+    def files(self, rec: SandboxRecord) -> AgentFiles:
+        d = self.sandbox_dir(rec.id)
+        return AgentFiles(lambda: socket.create_connection(("127.0.0.1", read_port(d)), 10))
+
+    def oom_kills(self, rec: SandboxRecord) -> int:
+        d = self.sandbox_dir(rec.id)
+        drain_console(d, self.config.console_log_bytes)
+        return oom_count(d)
+
+    def memory_bytes(self, rec: SandboxRecord) -> int:
+        """Proportional set size of the guest's QEMU: pages KSM merged count shared."""
+        return qemu_pss(self.sandbox_dir(rec.id))
+
+    def console(self, rec: SandboxRecord) -> str:
+        """The guest's serial console so far (capped), for debugging."""
+        return console_tail(self.sandbox_dir(rec.id), self.config.console_log_bytes)
+
+
+def _hostname(sb_id: str) -> str:
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in sb_id)[:63] or "dsec"
+
+
+def enable_ksm() -> bool:
+    """Turn KSM on (node-wide); False when this host has none or denies it."""
+    try:
+        run = Path("/sys/kernel/mm/ksm/run")
+        if run.read_text().strip() != "1":
+            run.write_text("1")
+        return True
+    except OSError:
+        return False
+
+

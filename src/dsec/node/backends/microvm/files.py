@@ -1,0 +1,208 @@
+"""File operations inside a guest, run by the guest's agent with the guest's own busybox.
+
+The node cannot see a guest's filesystem, so every operation is a short command: the
+initramfs put a static busybox at ``/.dsec/busybox``, which works whatever the image holds.
+Paths are resolved by the guest kernel, inside the guest: nothing here can reach the host.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import stat as st
+from collections.abc import Callable, Iterator
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from dsec.api.errors import InvalidArgument, NotFound
+from dsec.api.models import FileInfo
+from dsec.node.backends.microvm.agentsync import SyncCommand
+
+__all__ = ["AgentFiles"]
+
+BB = "/.dsec/busybox"
+_STAT_FMT = "%f|%s|%Y|%n"
+
+
+def _norm(path: str) -> str:
+    if not path or "\x00" in path:
+        raise InvalidArgument(f"path must be a non-empty string without NUL; got {path!r}")
+    return "/" + str(PurePosixPath("/", path)).lstrip("/")
+
+
+def _kind(mode: int) -> str:
+    if st.S_ISREG(mode):
+        return "file"
+    if st.S_ISDIR(mode):
+        return "dir"
+    if st.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _parse_stat(line: str, path: str | None = None) -> FileInfo:
+    raw_mode, size, mtime, name = line.split("|", 3)
+    mode = int(raw_mode, 16)
+    p = path or name
+    return FileInfo(path=p, name=PurePosixPath(p).name or "/", type=_kind(mode),
+                    size=int(size), mode=st.S_IMODE(mode), mtime=float(mtime))
+
+
+def _raise(path: str, code: int, err: bytes) -> None:
+    msg = err.decode(errors="replace").strip()
+    if "No such file" in msg or "not found" in msg:
+        raise NotFound(f"no such file or directory in the sandbox: {path}")
+    if "No space left" in msg:
+        raise InvalidArgument(f"sandbox disk is full writing {path}")
+    raise InvalidArgument(f"{path}: {msg or f'failed with exit code {code}'}")
+
+
+class _Reader(io.RawIOBase):
+    """stdout of a guest command as a readable stream."""
+
+    def __init__(self, cmd: SyncCommand, path: str) -> None:
+        self.cmd, self.path, self.buf, self.err = cmd, path, b"", bytearray()
+        self.done = False
+        cmd.close_stdin()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self.buf and not self.done:
+            kind, data = self.cmd.next_event()
+            if kind == "stdout":
+                self.buf = data
+            elif kind == "stderr":
+                self.err += data
+            else:
+                self.done = True
+                if self.cmd.exit_code:
+                    _raise(self.path, self.cmd.exit_code, bytes(self.err))
+        n = min(len(b), len(self.buf))
+        b[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self.cmd.close()
+        super().close()
+
+
+class _Writer(io.RawIOBase):
+    """stdin of a guest ``cat > path`` as a writable stream; errors surface at close."""
+
+    def __init__(self, cmd: SyncCommand, path: str) -> None:
+        self.cmd, self.path = cmd, path
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.cmd.write(bytes(b))
+        return len(b)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()
+        code, _out, err = self.cmd.run()
+        if code:
+            _raise(self.path, code, err)
+
+
+class AgentFiles:
+    """:class:`dsec.node.files.FileOps` for a guest, through its agent."""
+
+    def __init__(self, connect: Callable[[], socket.socket]) -> None:
+        self.connect = connect
+
+    def _cmd(self, script: str, *args: str) -> SyncCommand:
+        return SyncCommand(self.connect, [BB, "sh", "-c", script, "sh", *args])
+
+    def _run(self, path: str, script: str, *args: str, stdin: bytes = b"") -> bytes:
+        code, out, err = self._cmd(script, *args).run(stdin)
+        if code:
+            _raise(path, code, err)
+        return out
+
+    def stat(self, path: str) -> FileInfo:
+        path = _norm(path)
+        out = self._run(path, f'exec {BB} stat -c "{_STAT_FMT}" -- "$1"', path)
+        return _parse_stat(out.decode(errors="replace").rstrip("\n"), path)
+
+    def list(self, path: str) -> list[FileInfo]:
+        path = _norm(path)
+        script = (f'cd -- "$1" || exit 2; for f in * .[!.]* ..?*; do '
+                  f'[ -e "$f" ] || [ -L "$f" ] || continue; '
+                  f'{BB} stat -c "{_STAT_FMT}" -- "$f"; done')
+        out = self._run(path, script, path).decode(errors="replace")
+        entries = [_parse_stat(line) for line in out.splitlines() if line]
+        for e in entries:
+            e.path = str(PurePosixPath(path, e.name))
+        return sorted(entries, key=lambda e: e.name)
+
+    def mkdir(self, path: str, parents: bool = True) -> None:
+        path = _norm(path)
+        self._run(path, f'exec {BB} mkdir {"-p" if parents else ""} -- "$1"', path)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        path = _norm(path)
+        if path == "/":
+            raise InvalidArgument("refusing to remove the sandbox root")
+        rm_dir = f"{BB} rm -rf" if recursive else f"{BB} rmdir"
+        script = (f'if [ -d "$1" ] && [ ! -L "$1" ]; then exec {rm_dir} -- "$1"; '
+                  f'elif [ -e "$1" ] || [ -L "$1" ]; then exec {BB} rm -f -- "$1"; '
+                  f'else echo "$1: No such file or directory" >&2; exit 1; fi')
+        self._run(path, script, path)
+
+    def open_read(self, path: str) -> BinaryIO:
+        path = _norm(path)
+        if self.stat(path).type == "dir":
+            raise InvalidArgument(f"{path} is a directory; use list or download a tar")
+        cmd = self._cmd(f'exec {BB} cat -- "$1"', path)
+        return io.BufferedReader(_Reader(cmd, path), 1 << 16)  # type: ignore[return-value]
+
+    def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
+        path = _norm(path)
+        parent = str(PurePosixPath(path).parent)
+        if self.stat(parent).type != "dir":
+            raise InvalidArgument(f"{parent} is not a directory")
+        script = f'{BB} cat > "$1" && {BB} chmod {mode:o} -- "$1"'
+        return _Writer(self._cmd(script, path), path)  # type: ignore[return-value]
+
+    def tar_out(self, path: str) -> Iterator[bytes]:
+        """A tar stream of ``path`` whose top entry is its base name."""
+        path = _norm(path)
+        self.stat(path)
+        p = PurePosixPath(path)
+        cmd = self._cmd(f'cd -- "$1" && exec {BB} tar -cf - -- "$2"', str(p.parent),
+                        p.name or ".")
+        reader = _Reader(cmd, path)
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                while chunk := reader.read(1 << 16):
+                    yield chunk
+            finally:
+                reader.close()
+        return chunks()
+
+    def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
+        """Unpack a tar stream under ``path`` (created if needed); returns bytes read."""
+        path = _norm(path)
+        cmd = self._cmd(f'{BB} mkdir -p -- "$1" && cd -- "$1" && exec {BB} tar -xf -', path)
+        total = 0
+        try:
+            while chunk := stream.read(1 << 16):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise InvalidArgument(f"upload larger than the {max_bytes} byte limit")
+                cmd.write(chunk)
+        except BaseException:
+            cmd.close()
+            raise
+        code, _out, err = cmd.run()
+        if code:
+            _raise(path, code, err)
+        return total

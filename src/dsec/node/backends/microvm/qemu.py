@@ -1,0 +1,178 @@
+"""Starting one QEMU ``microvm`` guest: the command line, the launch, and the process.
+
+The guest has no device the host did not list: its image layers as read-only virtio-blk
+disks (the layer blob files themselves, shared by every guest), one writable disk, one
+virtio-net on QEMU user networking with ``restrict=on`` (the guest reaches nothing) plus a
+loopback-only port forward to the agent, and its serial console in an in-QEMU ring buffer
+(bounded memory; the node drains it into a size-capped file). A guest power-off or reboot
+(the init script's failure path, a kernel panic with ``panic=-1``) pauses QEMU instead of
+ending it, so the node can still read the console and report why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dsec.api.errors import Capacity, Internal
+
+__all__ = ["LaunchSpec", "qemu_argv", "launch", "free_port", "pid_alive", "kill_qemu",
+           "read_pid"]
+
+GUEST_NET = "10.0.2.15"
+CONSOLE_CHARDEV = "console"
+
+
+class LaunchSpec(BaseModel):
+    """Everything one guest's QEMU command line is built from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    qemu: str = Field("qemu-system-x86_64", description="QEMU binary")
+    machine: Literal["microvm", "q35"] = Field("microvm", description="QEMU machine type")
+    accel: Literal["kvm", "tcg"] = Field("tcg", description="accelerator")
+    memory_mb: int = Field(512, ge=16, description="guest RAM (-m), the memory limit")
+    vcpus: int = Field(1, ge=1, le=64, description="guest vCPUs")
+    kernel: Path | None = Field(None, description="kernel for direct boot (microvm)")
+    initrd: Path | None = Field(None, description="initramfs for direct boot (microvm)")
+    cmdline: str = Field("", description="extra kernel command line words")
+    layers: list[Path] = Field(default_factory=list,
+                               description="read-only layer blobs, bottom first")
+    scratch: Path | None = Field(None, description="the writable disk")
+    scratch_format: Literal["raw", "qcow2"] = Field(
+        "raw", description="qcow2 when the disk is a copy-on-write clone of a template's")
+    boot_disk: Path | None = Field(None, description="q35: the disk image to boot (qcow2)")
+    workdir: Path = Field(description="per-guest directory: sockets, pid file")
+    host_port: int = Field(0, description="loopback port forwarded to the agent")
+    agent_port: int = Field(7000, description="the agent's port inside the guest")
+    hostname: str = Field("dsec", description="guest hostname")
+    network: bool = Field(False, description="let the guest reach out (restrict=off)")
+    console_bytes: int = Field(1 << 18, ge=4096, description="console ring buffer size")
+    display: bool = Field(False, description="q35: a VGA display for screendump and input")
+    incoming_fd: int | None = Field(None, description="restore saved state from this fd")
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.workdir / "qmp.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.workdir / "qemu.pid"
+
+
+def _drive(i: str, path: Path, ro: bool, serial: str, machine: str, fmt: str = "raw") -> list[str]:
+    dev = "virtio-blk-device" if machine == "microvm" else "virtio-blk-pci"
+    ro_opt = ",readonly=on" if ro else ""
+    return ["-drive", f"if=none,id={i},file={path},format={fmt}{ro_opt}",
+            "-device", f"{dev},drive={i},serial={serial}"]
+
+
+def qemu_argv(spec: LaunchSpec) -> list[str]:
+    """The full QEMU command line for ``spec``."""
+    mach = ("microvm,acpi=on,mem-merge=on,pcie=off,rtc=on" if spec.machine == "microvm"
+            else "q35,mem-merge=on")
+    cpu = "host" if spec.accel == "kvm" else "max"
+    argv = [spec.qemu, "-name", f"dsec-{spec.hostname}", "-M", mach, "-accel", spec.accel,
+            "-cpu", cpu, "-m", str(spec.memory_mb), "-smp", str(spec.vcpus),
+            "-nodefaults", "-no-user-config",
+            "-action", "reboot=shutdown,shutdown=pause,panic=pause",
+            "-qmp", f"unix:{spec.qmp_socket},server=on,wait=off",
+            "-chardev", f"ringbuf,id={CONSOLE_CHARDEV},size={spec.console_bytes}",
+            "-serial", f"chardev:{CONSOLE_CHARDEV}",
+            "-daemonize", "-pidfile", str(spec.pidfile),
+            "-sandbox", "on,obsolete=deny,resourcecontrol=deny"]
+    argv += ["-vga", "std", "-display", "none"] if spec.display else ["-display", "none"]
+    if spec.kernel is not None:
+        words = ["console=ttyS0", "quiet", "panic=-1", "oops=panic", f"dsec.layers={len(spec.layers)}",
+                 f"dsec.port={spec.agent_port}", f"dsec.host={spec.hostname}", spec.cmdline]
+        argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd),
+                 "-append", " ".join(w for w in words if w)]
+    for i, layer in enumerate(spec.layers):
+        argv += _drive(f"l{i}", layer, True, f"dsec-l{i}", spec.machine)
+    if spec.scratch is not None:
+        argv += _drive("rw", spec.scratch, False, "dsec-rw", spec.machine,
+                       spec.scratch_format)
+    if spec.boot_disk is not None:
+        argv += _drive("boot", spec.boot_disk, False, "dsec-boot", spec.machine, "qcow2")
+    restrict = "off" if spec.network else "on"
+    net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci"
+    argv += ["-netdev", f"user,id=n0,restrict={restrict},"
+                        f"hostfwd=tcp:127.0.0.1:{spec.host_port}-:{spec.agent_port}",
+             "-device", f"{net_dev},netdev=n0"]
+    if spec.display:
+        argv += ["-device", "virtio-keyboard-pci", "-device", "virtio-tablet-pci"]
+    if spec.incoming_fd is not None:
+        argv += ["-incoming", f"fd:{spec.incoming_fd}"]
+    return argv
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (QEMU binds it a moment later; see launch)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
+    """Start QEMU daemonized; returns the spec with the port it got. Retries a port race."""
+    spec.workdir.mkdir(parents=True, exist_ok=True)
+    last = ""
+    for _ in range(attempts):
+        spec = spec.model_copy(update={"host_port": free_port()})
+        pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
+        proc = await asyncio.create_subprocess_exec(
+            *qemu_argv(spec), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, pass_fds=pass_fds)
+        out, err = await proc.communicate()
+        if proc.returncode == 0:
+            return spec
+        last = (err or out).decode(errors="replace").strip()
+        if "host forwarding" not in last:
+            break
+    if "Cannot allocate memory" in last:
+        raise Capacity(f"QEMU could not allocate {spec.memory_mb} MiB: {last[-500:]}")
+    raise Internal(f"QEMU failed to start: {last[-1500:]}")
+
+
+def read_pid(workdir: Path) -> int | None:
+    """The QEMU pid recorded in ``workdir``, if it still names that guest's QEMU."""
+    try:
+        pid = int((workdir / "qemu.pid").read_text().strip())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    # A recycled pid would not carry this guest's own pid file path on its command line.
+    return pid if str(workdir / "qemu.pid").encode() in cmd else None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
+    """End this guest's QEMU (SIGTERM, then SIGKILL after ``grace_s``) and wait for it."""
+    pid = read_pid(workdir)
+    if pid is None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        for _ in range(int(wait_s * 50) + 1):
+            if not pid_alive(pid):
+                return
+            await asyncio.sleep(0.02)
+    raise Internal(f"QEMU pid {pid} did not exit after SIGKILL")

@@ -1,0 +1,103 @@
+"""Per-guest runtime helpers shared by the backends and snapshots: the files in a sandbox
+directory (launch spec, agent port), readiness, and the guest's host memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from dsec.api.errors import Internal, SandboxTimeout
+from dsec.node.agent.client import AgentConnector, ping
+from dsec.node.backends.microvm.console import console_tail
+from dsec.node.backends.microvm.qemu import LaunchSpec, read_pid
+from dsec.node.backends.microvm.qmp import QMPError, qmp
+
+__all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch", "read_port",
+           "port_connector", "wait_ready", "guest_status", "qemu_pss"]
+
+FAILED_STATES = {"shutdown", "guest-panicked", "internal-error", "io-error"}
+
+
+def make_scratch(path: Path, disk_mb: int) -> None:
+    """A sparse raw disk of ``disk_mb`` MiB with an empty ext4 (journal, lazy init)."""
+    with open(path, "wb") as f:
+        f.truncate(disk_mb << 20)
+    mkfs = shutil.which("mkfs.ext4") or "/sbin/mkfs.ext4"
+    if not os.path.exists(mkfs):
+        return  # the guest formats a blank disk itself (busybox mke2fs), more slowly
+    proc = subprocess.run([mkfs, "-q", "-F", "-m", "0", "-E",
+                           "lazy_itable_init=1,lazy_journal_init=1", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Internal(f"mkfs.ext4 of the sandbox disk failed: {proc.stderr[-500:]}")
+
+
+def save_launch(spec: LaunchSpec) -> None:
+    (spec.workdir / "port").write_text(str(spec.host_port))
+    (spec.workdir / "launch.json").write_text(spec.model_dump_json())
+
+
+def read_port(d: Path) -> int:
+    try:
+        return int((d / "port").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConnectionRefusedError(f"sandbox {d.name} has no running guest") from exc
+
+
+def port_connector(d: Path) -> AgentConnector:
+    """Connects to the guest agent's forwarded port, read at each call (it changes when a
+    guest is restored from disk)."""
+    async def connect():
+        return await asyncio.open_connection("127.0.0.1", read_port(d), limit=1 << 21)
+    return connect
+
+
+async def wait_ready(d: Path, timeout_s: float) -> None:
+    """Wait until the agent answers; fail early if the guest powered off or panicked."""
+    deadline = time.monotonic() + timeout_s
+    connector = port_connector(d)
+    while True:
+        if await ping(connector, timeout=1.0):
+            return
+        status = await guest_status(d)
+        if status is None or status in FAILED_STATES:
+            tail = await asyncio.to_thread(console_tail, d)
+            why = "QEMU exited" if status is None else f"the guest stopped ({status})"
+            raise Internal(f"microvm guest failed to boot: {why}; console:\n{tail}")
+        if time.monotonic() > deadline:
+            tail = await asyncio.to_thread(console_tail, d)
+            raise SandboxTimeout(f"microvm guest agent did not answer within {timeout_s:g}s; "
+                                 f"console:\n{tail}")
+        await asyncio.sleep(0.1)
+
+
+async def guest_status(d: Path) -> str | None:
+    if read_pid(d) is None:
+        return None
+    try:
+        return (await qmp(d / "qmp.sock", "query-status", timeout=5.0))["status"]
+    except QMPError:
+        return None if read_pid(d) is None else "unknown"
+
+
+def qemu_pss(d: Path) -> int:
+    """Pss of the guest's QEMU process in bytes (0 when it is not running)."""
+    pid = read_pid(d)
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def load_launch(d: Path) -> LaunchSpec:
+    return LaunchSpec.model_validate(json.loads((d / "launch.json").read_text()))
