@@ -17,7 +17,7 @@ import subprocess
 
 from dsec.api.errors import Internal
 
-__all__ = ["mkfs", "mount_file", "umount", "is_mounted", "MKFS"]
+__all__ = ["mkfs", "mount_file", "mount_overlay", "umount", "is_mounted", "MKFS"]
 
 MKFS = "mkfs.erofs"
 MS_RDONLY = 1
@@ -76,3 +76,16 @@ def umount(target: pathlib.Path) -> None:
 def is_mounted(target: pathlib.Path) -> bool:
     """True if something is mounted at ``target``."""
     return os.path.ismount(target)
+
+
+def mount_overlay(lowerdirs: list[pathlib.Path], upper: pathlib.Path, work: pathlib.Path,
+                  target: pathlib.Path) -> None:
+    """Mount a writable overlay (lowerdirs top-most first) whose upper dir can be packed.
+
+    ``redirect_dir`` and ``metacopy`` are off so the upper dir is self-contained.
+    """
+    opts = (f"lowerdir={':'.join(map(str, lowerdirs))},upperdir={upper},workdir={work},"
+            "redirect_dir=off,metacopy=off").encode()
+    if _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, opts) != 0:
+        err = ctypes.get_errno()
+        raise Internal(f"mount overlay on {target} failed: {os.strerror(err)}")

@@ -6,10 +6,12 @@ import datetime as dt
 import pathlib
 import shutil
 import time
+from collections.abc import Callable
 
 from dsec.api.errors import InvalidArgument, NotFound
 from dsec.images import erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
+from dsec.images.build import BuildSpec, ChrootRunner, StepRunner, load_spec, run_steps
 from dsec.images.gc import GcPlan, plan_gc
 from dsec.images.merge import merge_trees
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
@@ -232,6 +234,39 @@ class ImageService:
         digest = self.commit(tag, layers, config or base.config)
         return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
                          manifest_digest=digest, tag=tag)
+
+    def build(self, spec: BuildSpec | pathlib.Path, context: pathlib.Path | None = None,
+              runner: StepRunner | None = None,
+              progress: Callable[[int, int, str], None] | None = None) -> LayerInfo:
+        """Build a layer from a spec (a BuildSpec or a spec file) and tag base + it.
+
+        ``context``: folder copy steps read from (default: the spec file's folder).
+        ``progress(i, n, text)`` is called before each step. See :mod:`dsec.images.build`.
+        """
+        if not isinstance(spec, BuildSpec):
+            context = context or pathlib.Path(spec).parent
+            spec = load_spec(pathlib.Path(spec))
+        context = pathlib.Path(context or ".")
+        base = self.resolve(spec.base, spec.layers)
+        env = {**base.config.env, **spec.env}
+        work = self.store.tempdir("build-")
+        merged, upper, scratch = work / "merged", work / "upper", work / "work"
+        for d in (merged, upper, scratch):
+            d.mkdir()
+        try:
+            erofs.mount_overlay(base.lowerdirs, upper, scratch, merged)
+            try:
+                run_steps(spec, context, merged, env, runner or ChrootRunner(), progress)
+            finally:
+                erofs.umount(merged)
+            config = base.config.model_copy(update={
+                "env": env, "cwd": spec.workdir or base.config.cwd,
+                "labels": {**base.config.labels, **spec.labels},
+                "entrypoint": spec.entrypoint if spec.entrypoint is not None
+                else base.config.entrypoint})
+            return self.pack_diff(upper, spec.tag, base, spec.exclude, config)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def merge(self, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
         """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.
