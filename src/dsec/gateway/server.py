@@ -44,3 +44,19 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         kwargs["backends"] = backends
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(_serve(NodeConfig(**kwargs), host, port))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m dsec.gateway.server --state-dir D --port P`` (tests, service units)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="dsec-server")
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--backend", action="append", default=None)
+    a = p.parse_args(argv)
+    serve(a.state_dir, a.host, a.port, a.backend)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+# dsec: `make run` sets everything up and starts the embedded server with a demo;
+# `make test` sets everything up and runs the tests. Both are idempotent. Run as root.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DSEC := $(VENV)/bin/dsec
+STATE_DIR ?= /var/lib/dsec
+PORT ?= 7070
+APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc libc6-dev \
+	fuse3 bubblewrap mmdebstrap qemu-system-x86 linux-image-amd64 podman
+STAMP := $(VENV)/.installed
+
+.PHONY: setup apt venv run serve stop demo test test-fast images bench clean
+
+setup: apt venv
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+images: setup
+	@if [ -f scripts/build_debian_image.py ]; then DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR); fi
+
+run: setup
+	@mkdir -p $(STATE_DIR)
+	@if curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1; then \
+		echo "dsec server already running on 127.0.0.1:$(PORT)"; \
+	else \
+		echo "starting dsec server on 127.0.0.1:$(PORT) (log: $(STATE_DIR)/server.log)"; \
+		nohup $(PY) -m dsec.gateway.server --state-dir $(STATE_DIR) --port $(PORT) \
+			>>$(STATE_DIR)/server.log 2>&1 & echo $$! > $(STATE_DIR)/server.pid; \
+		for i in $$(seq 1 120); do curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1 && break; sleep 0.5; done; \
+		grep -A1 "new API token" $(STATE_DIR)/server.log | tail -1 | sed 's/^ */API token: /' || true; \
+	fi
+	DSEC_STATE_DIR=$(STATE_DIR) $(DSEC) demo
+	@echo
+	@echo "The server keeps running. Try:"
+	@echo "  export DSEC_STATE_DIR=$(STATE_DIR)"
+	@echo "  $(DSEC) create && $(DSEC) ls && $(DSEC) exec <ID> -- uname -a && $(DSEC) shell <ID>"
+	@echo "Python: import dsec; dsec.Client().create().exec('echo hi')"
+	@echo "Stop it with: make stop"
+
+serve: setup
+	$(PY) -m dsec.gateway.server --state-dir $(STATE_DIR) --port $(PORT)
+
+stop:
+	@if [ -f $(STATE_DIR)/server.pid ]; then kill $$(cat $(STATE_DIR)/server.pid) 2>/dev/null || true; rm -f $(STATE_DIR)/server.pid; fi
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: setup
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: stop
+	rm -rf $(VENV) build

@@ -1,0 +1,31 @@
+import pytest
+
+import dsec
+from dsec.api.errors import ERROR_TABLE, DSecError, error_from_wire
+
+
+@pytest.mark.parametrize("code,cls", sorted(ERROR_TABLE.items()))
+def test_every_code_round_trips(code, cls):
+    err = cls("boom")
+    back = error_from_wire(err.to_wire(), err.status)
+    assert type(back) is cls and back.message == "boom" and back.code == code
+
+
+def test_leaves_inherit_builtins():
+    assert issubclass(dsec.SandboxTimeout, TimeoutError)
+    assert issubclass(dsec.NotFound, LookupError)
+    assert issubclass(dsec.InvalidArgument, ValueError)
+    assert issubclass(dsec.Unsupported, NotImplementedError)
+    assert all(issubclass(c, DSecError) for c in ERROR_TABLE.values())
+
+
+def test_statuses_are_distinct_per_meaning():
+    assert ERROR_TABLE["not_found"].status == 404
+    assert ERROR_TABLE["unauthorized"].status == 401
+    assert ERROR_TABLE["capacity"].status == 503
+    assert ERROR_TABLE["invalid_argument"].status == 400
+
+
+def test_unknown_shape_becomes_internal():
+    err = error_from_wire("<html>", 502)
+    assert isinstance(err, dsec.Internal) and "502" in err.message

@@ -1,0 +1,100 @@
+"""Files API: confined to the sandbox root, streamed, tar in and out."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+import dsec
+
+
+async def test_write_read_stat_list_mkdir_remove(sandbox):
+    await sandbox.files.mkdir("/work/sub")
+    info = await sandbox.files.write("/work/sub/a.txt", b"hello", mode=0o600)
+    assert info.size == 5 and info.mode == 0o600 and info.type == "file"
+    assert await sandbox.files.read("/work/sub/a.txt") == b"hello"
+    assert [e.name for e in await sandbox.files.list("/work/sub")] == ["a.txt"]
+    assert (await sandbox.exec("cat /work/sub/a.txt")).stdout == "hello"
+    await sandbox.files.remove("/work", recursive=True)
+    with pytest.raises(dsec.NotFound):
+        await sandbox.files.stat("/work/sub/a.txt")
+
+
+async def test_dotdot_stays_inside(sandbox):
+    await sandbox.files.write("/../../../../etc/dsec-escape", b"x")
+    assert not os.path.exists("/etc/dsec-escape")
+    assert (await sandbox.exec("cat /etc/dsec-escape")).stdout == "x"
+
+
+async def test_absolute_symlink_resolves_inside(sandbox):
+    await sandbox.exec("ln -s /etc/passwd /tmp/link; ln -s ../../../../../etc /tmp/up")
+    data = await sandbox.files.read("/tmp/link")
+    assert data == (await sandbox.exec("cat /etc/passwd")).stdout.encode()
+    with open("/etc/passwd", "rb") as f:
+        assert data != f.read()
+    await sandbox.files.write("/tmp/up/dsec-through-link", b"y")
+    assert not os.path.exists("/etc/dsec-through-link")
+
+
+async def test_missing_file_is_not_found(sandbox):
+    with pytest.raises(dsec.NotFound):
+        await sandbox.files.read("/nope")
+
+
+async def test_tar_round_trip(sandbox, tmp_path):
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f.txt").write_text("content")
+    os.symlink("d/f.txt", src / "link")
+    assert await sandbox.files.upload_dir(src, "/up") >= 3
+    assert (await sandbox.exec("cat /up/d/f.txt; readlink /up/link")).stdout == "contentd/f.txt\n"
+    n = await sandbox.files.download_dir("/up", tmp_path / "back")
+    assert n >= 3 and (tmp_path / "back" / "up" / "d" / "f.txt").read_text() == "content"
+
+
+def _tar(name: str, data: bytes = b"x", **kw) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        for k, v in kw.items():
+            setattr(ti, k, v)
+        tf.addfile(ti, io.BytesIO(data) if ti.isfile() else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name,kw,why", [
+    ("../evil", {}, "escapes"),
+    ("/abs", {}, "escapes"),
+    ("dev", {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3}, "device"),
+])
+async def test_hostile_tar_entries_are_named(sandbox, name, kw, why):
+    with pytest.raises(dsec.InvalidArgument, match=why) as exc:
+        await sandbox.files.upload_tar(_tar(name, **kw), "/x")
+    assert name.strip("/") in str(exc.value)
+
+
+async def test_setuid_bit_is_dropped(sandbox):
+    await sandbox.files.upload_tar(_tar("suid", b"#!/bin/sh\n", mode=0o4755), "/x")
+    assert (await sandbox.files.stat("/x/suid")).mode == 0o755
+
+
+async def test_large_file_streams(sandbox, tmp_path):
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(200 << 20)
+        f.seek(100 << 20)
+        f.write(b"marker")
+    s = await client_upload(sandbox, big)
+    assert s.size == 200 << 20
+    r = await sandbox.exec("dd if=/data/big bs=1 skip=104857600 count=6 2>/dev/null")
+    assert r.stdout == "marker"
+    out = tmp_path / "out"
+    assert await sandbox.files.download("/data/big", out) == 200 << 20
+    await sandbox.files.remove("/data/big")
+
+
+async def client_upload(sandbox, path):
+    await sandbox.files.mkdir("/data")
+    return await sandbox.files.upload(path, "/data/big")

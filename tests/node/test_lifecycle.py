@@ -1,0 +1,96 @@
+"""Create, list, filter, pause, expire and stop; stop leaves nothing behind."""
+
+import asyncio
+import time
+
+import pytest
+
+import dsec
+from dsec.node.host.cgroups import detect
+
+
+async def test_list_filters_by_job_and_label(client):
+    a = await client.create(memory_mb=64, job="job-a", labels={"team": "x"})
+    b = await client.create(memory_mb=64, job="job-b", labels={"team": "y"})
+    try:
+        assert [i.id for i in await client.list(job="job-a")] == [a.id]
+        assert [i.id for i in await client.list(labels={"team": "y"})] == [b.id]
+        assert {a.id, b.id} <= {i.id for i in await client.list()}
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+async def test_create_many_starts_them_all(client):
+    many = await client.create_many(6, memory_mb=64, job="batch")
+    try:
+        assert len({s.id for s in many}) == 6
+        outs = await asyncio.gather(*(s.exec("hostname") for s in many))
+        assert [o.stdout.strip() for o in outs] == [s.id for s in many]
+    finally:
+        await asyncio.gather(*(s.stop() for s in many))
+
+
+async def test_stop_removes_every_trace(client, server):
+    sb = await client.create(memory_mb=64)
+    await sb.exec("sleep 1000", background=True)
+    d = server.state_dir / "sandboxes" / sb.id
+    assert d.exists()
+    await sb.stop()
+    assert not d.exists()
+    assert not (server.state_dir / "runc" / sb.id).exists()
+    assert not detect().exists(f"/dsec/{sb.id}")
+    assert sb.id not in open("/proc/self/mountinfo").read()
+    with pytest.raises(dsec.NotFound):
+        await client.get(sb.id)
+
+
+async def test_pause_freezes_and_exec_resumes(client):
+    sb = await client.create(memory_mb=64)
+    try:
+        await sb.files.write("/tmp/keep", b"1")
+        info = await sb.pause()
+        assert info.state == "paused"
+        r = await sb.exec("cat /tmp/keep")
+        assert r.stdout == "1"
+        assert (await sb.refresh()).state == "running"
+    finally:
+        await sb.stop()
+
+
+async def test_ttl_expires(client):
+    sb = await client.create(memory_mb=64, ttl_s=1)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if sb.id not in {i.id for i in await client.list()}:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        await sb.stop()
+        pytest.fail("sandbox outlived its ttl_s")
+
+
+async def test_idle_ttl_stops_an_unused_sandbox_but_not_a_used_one(client):
+    idle = await client.create(memory_mb=64, idle_ttl_s=2)
+    busy = await client.create(memory_mb=64, idle_ttl_s=2)
+    try:
+        for _ in range(8):
+            await busy.exec("true")
+            await asyncio.sleep(0.5)
+        ids = {i.id for i in await client.list()}
+        assert idle.id not in ids and busy.id in ids
+    finally:
+        await busy.stop()
+
+
+async def test_idle_pause_keeps_files(client):
+    sb = await client.create(memory_mb=64, idle_ttl_s=1, on_idle="pause")
+    try:
+        await sb.files.write("/tmp/f", b"kept")
+        for _ in range(20):
+            if (await sb.refresh()).state == "paused":
+                break
+            await asyncio.sleep(0.3)
+        assert sb.info.state == "paused"
+        assert await sb.files.read("/tmp/f") == b"kept"
+    finally:
+        await sb.stop()

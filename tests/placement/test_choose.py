@@ -1,0 +1,58 @@
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
+from dsec.placement.choose import choose_node
+
+
+def node(i, sandboxes=0, reserved=0, backends=("container",)):
+    return NodeLoad(node_id=f"node-{i}", backends=backends, cpus=2, memory_mb=1000,
+                    sandboxes=sandboxes, memory_reserved_mb=reserved, cpu_reserved=0)
+
+
+def test_admission_refuses_a_full_node():
+    policy = AdmissionPolicy(max_sandboxes=2)
+    assert admit(node(0, sandboxes=2), "container", 10, 1, policy) is not None
+    assert admit(node(0, sandboxes=1), "container", 10, 1, policy) is None
+
+
+def test_admission_refuses_a_missing_backend():
+    assert "no 'vm' backend" in admit(node(0), "vm", 10, 1)
+
+
+def test_admission_counts_a_batch():
+    policy = AdmissionPolicy(max_sandboxes=10)
+    assert admit(node(0, sandboxes=5), "container", 10, 1, policy, count=6) is not None
+
+
+def test_choose_skips_nodes_without_room():
+    policy = AdmissionPolicy(max_sandboxes=3)
+    loads = [node(0, sandboxes=3), node(1, sandboxes=0)]
+    for seed in range(20):
+        got = choose_node(loads, "container", 10, 1, rng=random.Random(seed), policy=policy)
+        assert got.node_id == "node-1"
+
+
+def test_choose_returns_none_when_nothing_fits():
+    assert choose_node([node(0, backends=("vm",))], "container", 10, 1) is None
+
+
+def test_recent_placements_spread_a_burst():
+    loads = [node(0), node(1)]
+    recent = {"node-0": 50}
+    got = choose_node(loads, "container", 10, 1, recent=recent, k=2, rng=random.Random(1))
+    assert got.node_id == "node-1"
+
+
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=8), st.integers(0, 10_000))
+def test_choice_is_always_an_admissible_node(sizes, seed):
+    policy = AdmissionPolicy(max_sandboxes=50)
+    loads = [node(i, sandboxes=s) for i, s in enumerate(sizes)]
+    got = choose_node(loads, "container", 10, 1, rng=random.Random(seed), policy=policy)
+    fits = [n for n in loads if n.sandboxes < 50]
+    if fits:
+        assert got in fits
+    else:
+        assert got is None

@@ -1,0 +1,37 @@
+"""The sync face must offer exactly the async methods, with the same signatures."""
+
+import inspect
+
+import dsec
+from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell, Client
+from dsec.sdk.sync import Files, Sandbox, Shell
+
+PAIRS = [(AsyncClient, Client), (AsyncSandbox, Sandbox), (AsyncShell, Shell),
+         (AsyncFiles, Files)]
+
+
+def public_methods(cls):
+    return {n for n, f in vars(cls).items() if not n.startswith("_") and callable(f)}
+
+
+def test_same_method_names():
+    for a, s in PAIRS:
+        names = {n for n in public_methods(a)}
+        assert names <= set(dir(s)), (s, names - set(dir(s)))
+
+
+def test_same_signatures():
+    for a, s in PAIRS:
+        for name in public_methods(a):
+            assert inspect.signature(getattr(a, name)) == inspect.signature(getattr(s, name)), name
+
+
+def test_public_names():
+    assert set(dsec.__all__) == {
+        "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
+        "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
+        "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
+        "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
+        "Internal"}
+    for name in dsec.__all__:
+        assert getattr(dsec, name) is not None
