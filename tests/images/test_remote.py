@@ -82,6 +82,7 @@ def test_lazy_resolve_fetches_only_what_is_read(node, registry, tmp_path):
     assert not node.store.has_blob(layer)
     (point, fstype, source), = [m for m in mounts_under(tmp_path / "node") if m[1] == "erofs"]
     assert source == str(node.root / "lazy" / layer.split(":")[1])
+    assert node.layer_file(layer) == node.root / "lazy" / layer.split(":")[1]
     assert (r.lowerdirs[0] / "small").read_text() == "hello"
     total = reg.manifest("ws/big:v1").layers[0].size
     fetched = node.bytes_fetched

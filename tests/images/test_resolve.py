@@ -159,3 +159,12 @@ def test_concurrent_threads_resolve_to_one_mount(svc, busybox, tmp_path):
         dirs = set(pool.map(lambda _: tuple(svc.resolve("busybox").lowerdirs), range(16)))
     assert len(dirs) == 1
     assert len(mounts_under(tmp_path)) == 1
+
+
+def test_layer_file_is_the_verified_blob(svc, busybox):
+    digest = svc.manifest(busybox).layers[0].digest
+    assert svc.layer_file(digest) == svc.store.blob_path(digest)
+    with open(svc.store.blob_path(digest), "r+b") as f:
+        f.write(b"junk")
+    with pytest.raises(CorruptBlob):
+        svc.layer_file(digest)

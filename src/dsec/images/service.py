@@ -103,6 +103,12 @@ class ImageService:
             image=image, manifest_digest=digests[0], layer_digests=layer_digests,
             config=_merge_config(manifests), lowerdirs=list(reversed(mounted)))
 
+    def layer_file(self, digest: str) -> pathlib.Path:
+        """A verified file holding the layer's EROFS image (the local blob, or the lazy
+        FUSE file of a remote layer), for consumers that attach layers as disks (microvm)."""
+        with self.lock.hold():
+            return self.sources.source_for(check_digest(digest))
+
     def list_images(self) -> list[ImageInfo]:
         """Every tag with its manifest digest, layer count, total size and creation time."""
         out = []
