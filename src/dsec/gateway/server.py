@@ -28,7 +28,7 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     (config.state_dir / "url").write_text(f"http://{host}:{port}\n")
     app = create_app(cluster, token)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False, ws="websockets"))
+                                           access_log=False, ws="websockets-sansio"))
     print(f"dsec: serving on http://{host}:{port} (node {cluster.node.node_id}, "
           f"{len(cluster.node.records)} sandboxes recovered)", flush=True)
     await server.serve()
@@ -43,7 +43,11 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
     if backends:
         kwargs["backends"] = backends
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(_serve(NodeConfig(**kwargs), host, port))
+    try:
+        import uvloop
+        uvloop.run(_serve(NodeConfig(**kwargs), host, port))
+    except ImportError:
+        asyncio.run(_serve(NodeConfig(**kwargs), host, port))
 
 
 def main(argv: list[str] | None = None) -> None:

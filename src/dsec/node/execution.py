@@ -68,7 +68,11 @@ def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> Spawn
 async def exec_events(backend: Backend, rec: SandboxRecord,
                       req: ExecRequest) -> AsyncIterator[ExecEvent]:
     """Yield output chunks as they come, then one ``exit`` event with the result."""
-    spawn = await asyncio.to_thread(build_spawn, backend, rec, req)
+    user = req.user or rec.runtime.get("image_user", "root")
+    if user.replace(":", "").isdigit() or user == "root":
+        spawn = build_spawn(backend, rec, req)  # no file to read: skip the thread hop
+    else:
+        spawn = await asyncio.to_thread(build_spawn, backend, rec, req)
     stdin = base64.b64decode(req.stdin) if req.stdin else b""
     oom_before = backend.oom_kills(rec)
     t0 = time.perf_counter()

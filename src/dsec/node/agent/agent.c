@@ -42,6 +42,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -273,11 +274,13 @@ static void signal_descendants(pid_t root, int sig) {
 static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     int status = 0, exited = 0;
     char buf[65536];
+    /* A pidfd turns readable the moment the child exits, so no polling tick is needed. */
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     while (!exited || out_fd >= 0 || err_fd >= 0) {
-        struct pollfd pf[3] = {{conn, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
-        /* Once both pipes hit EOF the child is exiting: poll briefly for its status. */
-        int timeout = exited ? 0 : (out_fd < 0 && err_fd < 0) ? 1 : 200;
-        int n = poll(pf, 3, timeout);
+        struct pollfd pf[4] = {{conn, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0},
+                               {exited ? -1 : pidfd, POLLIN, 0}};
+        int timeout = exited ? 0 : (pidfd >= 0) ? 1000 : (out_fd < 0 && err_fd < 0) ? 1 : 200;
+        int n = poll(pf, 4, timeout);
         if (n < 0 && errno != EINTR) break;
         if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
         if (n <= 0) {
@@ -327,11 +330,13 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
         }
     }
     if (!exited) waitpid(pid, &status, 0);
+    if (pidfd >= 0) close(pidfd);
     char msg[64];
     if (WIFSIGNALED(status)) snprintf(msg, sizeof msg, "%d %d", 128 + WTERMSIG(status), WTERMSIG(status));
     else snprintf(msg, sizeof msg, "%d 0", WEXITSTATUS(status));
     return send_text(conn, 'X', msg);
 gone:
+    if (pidfd >= 0) close(pidfd);
     /* The node went away: take the command's process group with us. */
     kill(-pid, SIGKILL);
     waitpid(pid, &status, 0);

@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 
 from dsec.api.errors import Capacity, Internal, InvalidArgument
-from dsec.node.agent.client import AgentConnector, unix_connector
+from dsec.node.agent.client import AgentConnector, ping, unix_connector
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts
@@ -176,10 +176,14 @@ class ContainerBackend:
         if not state.exists() or not pid:
             return False
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
             return False
-        return (self.sandbox_dir(rec.id) / "agent.sock").exists()
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):  # a zombie nobody reaped yet
+            return False
+        if rec.state == "paused":
+            return True  # frozen: the agent cannot answer until resumed
+        return await ping(self.connector(rec), timeout=5.0)
 
     # ---- access ----
     def connector(self, rec: SandboxRecord) -> AgentConnector:
