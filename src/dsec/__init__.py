@@ -8,7 +8,7 @@
 
 from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArgument,
                              NotFound, SandboxStopped, SandboxTimeout, TrajectoryDiverged,
-                             Unauthorized, Unsupported)
+                             Unauthorized, Unavailable, Unsupported)
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
 from dsec.sdk import AsyncClient, AsyncSandbox, AsyncShell, Client, Sandbox, Shell
 
@@ -18,5 +18,6 @@ __all__ = [
     "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
     "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
     "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
-    "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Internal",
+    "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Unavailable",
+    "Internal",
 ]

@@ -32,6 +32,17 @@ def test_public_names():
         "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
         "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
         "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
-        "Internal"}
+        "Unavailable", "Internal"}
     for name in dsec.__all__:
         assert getattr(dsec, name) is not None
+
+
+async def test_unreachable_server_is_a_clear_error():
+    from tests.support.server import free_port
+    async with dsec.AsyncClient(f"http://127.0.0.1:{free_port()}", "t") as c:
+        try:
+            await c.list()
+        except dsec.Unavailable as exc:
+            assert "is it running" in str(exc)
+        else:
+            raise AssertionError("expected Unavailable")

@@ -19,6 +19,7 @@ __all__ = [
     "Unsupported",
     "Conflict",
     "TrajectoryDiverged",
+    "Unavailable",
     "Internal",
     "ERROR_TABLE",
     "error_from_wire",
@@ -93,6 +94,12 @@ class TrajectoryDiverged(DSecError, RuntimeError):
     code, status = "trajectory_diverged", 409
 
 
+class Unavailable(DSecError, ConnectionError):
+    """The server (or a node) cannot be reached right now; retrying later may work."""
+
+    code, status = "unavailable", 503
+
+
 class Internal(DSecError, RuntimeError):
     """An unexpected failure on the server; the message says where."""
 
@@ -102,7 +109,7 @@ class Internal(DSecError, RuntimeError):
 ERROR_TABLE: dict[str, type[DSecError]] = {
     cls.code: cls
     for cls in (NotFound, InvalidArgument, Unauthorized, Capacity, SandboxTimeout,
-                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Internal)
+                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, Internal)
 }
 
 

@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 import httpx
 
-from dsec.api.errors import error_from_wire
+from dsec.api.errors import SandboxTimeout, Unavailable, error_from_wire
 from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
                              SandboxList, SandboxSpec)
+from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.sandbox import AsyncSandbox
 
 __all__ = ["AsyncClient", "default_url", "default_token"]
@@ -55,6 +56,7 @@ class AsyncClient:
                                        timeout=httpx.Timeout(timeout, connect=10.0),
                                        limits=httpx.Limits(max_connections=256,
                                                            max_keepalive_connections=64))
+        self.jobs = AsyncJobs(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -68,7 +70,13 @@ class AsyncClient:
 
     # ---- transport ----
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        resp = await self._http.request(method, path, **kw)
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except httpx.TimeoutException as exc:
+            raise SandboxTimeout(f"{method} {path} got no answer in time: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach the dsec server at {self.url} ({exc!r}); "
+                              "is it running? (make run, or set DSEC_URL)") from exc
         if resp.status_code >= 400:
             await resp.aread()
             try:
