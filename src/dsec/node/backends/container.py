@@ -15,7 +15,9 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
+import time
 from pathlib import Path
 
 from dsec.api.errors import Capacity, Internal, InvalidArgument
@@ -148,10 +150,40 @@ class ContainerBackend:
             raise Internal(f"runc could not start {sb_id}: {msg or f'exit {code}'}")
 
     async def stop(self, rec: SandboxRecord) -> None:
+        # SIGKILL to the pid namespace's init ends every process in it; done directly this
+        # takes ~1 ms where `runc delete --force` takes ~100 ms. runc stays the fallback.
         d = self.sandbox_dir(rec.id)
-        if (self.runc_root / rec.id).exists():
+        emptied = await asyncio.to_thread(self._kill_all, rec)
+        if not emptied and (self.runc_root / rec.id).exists():
             await self._runc("delete", "--force", rec.id)
         await asyncio.to_thread(self._teardown, rec.id, d)
+
+    def _kill_all(self, rec: SandboxRecord, timeout: float = 5.0) -> bool:
+        """Kill every process of the sandbox; True once its cgroup is empty."""
+        cg = self.cgroup_path(rec.id)
+        if not self.cgroups.exists(cg):
+            return True
+        pids = set(self.cgroups.procs(cg))
+        init = rec.runtime.get("init_pid")
+        if init:
+            pids.add(init)
+        for pid in pids:
+            if _belongs_to(pid, rec.id):
+                _kill(pid)
+        try:
+            self.cgroups.set_frozen(cg, False)  # frozen tasks only die once thawed
+        except (OSError, TimeoutError):
+            pass
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while self.cgroups.procs(cg):
+            if time.monotonic() > deadline:
+                return False
+            for pid in self.cgroups.procs(cg):
+                _kill(pid)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True
 
     def _teardown(self, sb_id: str, d: Path) -> None:
         for target in mounts.mounts_under(d):
@@ -161,14 +193,18 @@ class ContainerBackend:
         shutil.rmtree(self.runc_root / sb_id, ignore_errors=True)
 
     async def pause(self, rec: SandboxRecord) -> None:
-        code, err = await self._runc("pause", rec.id)
-        if code != 0:
-            raise Internal(f"could not pause {rec.id}: {err}")
+        await self._freeze(rec, True)
 
     async def resume(self, rec: SandboxRecord) -> None:
-        code, err = await self._runc("resume", rec.id)
-        if code != 0:
-            raise Internal(f"could not resume {rec.id}: {err}")
+        await self._freeze(rec, False)
+
+    async def _freeze(self, rec: SandboxRecord, frozen: bool) -> None:
+        """The freezer cgroup directly (what `runc pause` does, without a process spawn)."""
+        try:
+            await asyncio.to_thread(self.cgroups.set_frozen, self.cgroup_path(rec.id), frozen)
+        except (OSError, TimeoutError) as exc:
+            verb = "pause" if frozen else "resume"
+            raise Internal(f"could not {verb} {rec.id}: {exc}") from exc
 
     async def alive(self, rec: SandboxRecord) -> bool:
         state = self.runc_root / rec.id / "state.json"
@@ -200,6 +236,21 @@ class ContainerBackend:
 
     def upper_dir(self, rec: SandboxRecord) -> Path:
         return self.sandbox_dir(rec.id) / "rw" / "upper"
+
+
+def _belongs_to(pid: int, sb_id: str) -> bool:
+    """Guard against pid reuse: the process must sit in the sandbox's cgroup."""
+    try:
+        return sb_id in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _last_error(log: Path) -> str:

@@ -8,6 +8,7 @@ what the host mounts, so the same code runs on a hybrid v1 host and a pure v2 ho
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,32 @@ class CgroupDriver:
     def remove(self, rel: str) -> None:
         raise NotImplementedError
 
+    def procs(self, rel: str) -> list[int]:
+        """Pids in the cgroup (and below); empty when it is gone."""
+        raise NotImplementedError
+
+    def set_frozen(self, rel: str, frozen: bool) -> None:
+        """Freeze or thaw every process of the cgroup, and wait until it took effect."""
+        raise NotImplementedError
+
+    def wait_frozen(self, read_state, want: str, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while read_state() != want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cgroup did not reach {want} in {timeout}s")
+            time.sleep(0.001)
+
+
+def _procs_under(path: Path, name: str) -> list[int]:
+    out: list[int] = []
+    for dirpath, _, files in os.walk(path):
+        if name in files:
+            try:
+                out += [int(x) for x in Path(dirpath, name).read_text().split()]
+            except OSError:
+                pass
+    return out
+
 
 @dataclass(frozen=True)
 class CgroupV1(CgroupDriver):
@@ -75,6 +102,15 @@ class CgroupV1(CgroupDriver):
         for ctrl in V1_CONTROLLERS:
             _rmdir_tree(self._dir(ctrl, rel))
 
+    def procs(self, rel: str) -> list[int]:
+        return _procs_under(self._dir("memory", rel), "cgroup.procs")
+
+    def set_frozen(self, rel: str, frozen: bool) -> None:
+        f = self._dir("freezer", rel) / "freezer.state"
+        want = "FROZEN" if frozen else "THAWED"
+        f.write_text(want)
+        self.wait_frozen(lambda: f.read_text().strip(), want)
+
 
 @dataclass(frozen=True)
 class CgroupV2(CgroupDriver):
@@ -94,6 +130,16 @@ class CgroupV2(CgroupDriver):
 
     def remove(self, rel: str) -> None:
         _rmdir_tree(self._dir(rel))
+
+    def procs(self, rel: str) -> list[int]:
+        return _procs_under(self._dir(rel), "cgroup.procs")
+
+    def set_frozen(self, rel: str, frozen: bool) -> None:
+        d = self._dir(rel)
+        (d / "cgroup.freeze").write_text("1" if frozen else "0")
+        want = "frozen 1" if frozen else "frozen 0"
+        self.wait_frozen(lambda: next((ln for ln in (d / "cgroup.events").read_text()
+                                       .splitlines() if ln.startswith("frozen")), ""), want)
 
 
 def _rmdir_tree(path: Path) -> None:
