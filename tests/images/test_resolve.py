@@ -168,3 +168,9 @@ def test_layer_file_is_the_verified_blob(svc, busybox):
         f.write(b"junk")
     with pytest.raises(CorruptBlob):
         svc.layer_file(digest)
+
+
+def test_layers_use_direct_io_so_pages_are_cached_once(svc, busybox):
+    point = str(svc.resolve("busybox").lowerdirs[0])
+    line = next(line for line in open("/proc/self/mountinfo") if line.split()[4] == point)
+    assert "directio" in line.split(" - ", 1)[1]

@@ -51,9 +51,24 @@ def mkfs(out: pathlib.Path, src: pathlib.Path, *, all_root: bool = False,
         raise Internal(f"{MKFS} failed ({res.returncode}) for {src}: {res.stderr.strip()[-500:]}")
 
 
+_directio = [True]  # cleared once a kernel refuses the option
+
+
 def mount_file(blob: pathlib.Path, target: pathlib.Path) -> None:
-    """Mount EROFS image ``blob`` read-only at ``target``, file-backed (no loop device)."""
-    rc = _libc.mount(os.fsencode(blob), os.fsencode(target), b"erofs", MS_RDONLY, b"")
+    """Mount EROFS image ``blob`` read-only at ``target``, file-backed (no loop device).
+
+    With ``directio`` (kernels from 6.13 on), EROFS reads its backing file with direct
+    I/O, so a layer's data sits in the page cache once (EROFS's own) instead of twice
+    (EROFS's and the blob file's): it halves the memory of the first sandbox.
+    """
+    rc = -1
+    if _directio[0]:
+        rc = _libc.mount(os.fsencode(blob), os.fsencode(target), b"erofs", MS_RDONLY,
+                         b"directio")
+        if rc != 0 and ctypes.get_errno() == errno.EINVAL:
+            _directio[0] = False
+    if rc != 0 and not _directio[0]:
+        rc = _libc.mount(os.fsencode(blob), os.fsencode(target), b"erofs", MS_RDONLY, b"")
     if rc != 0:
         err = ctypes.get_errno()
         raise Internal(f"mount erofs {blob} on {target} failed: {os.strerror(err)} "
