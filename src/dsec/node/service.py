@@ -28,6 +28,9 @@ from dsec.node.execution import exec_events, run_exec
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
 from dsec.placement.admission import NodeLoad, admit
+from dsec.node.host.netpolicy import NetworkManager
+from dsec.rl.jobs import reap_leases
+from dsec.trajectory.recorder import Recorder, recorded, recorded_stream
 
 __all__ = ["NodeService"]
 
@@ -43,8 +46,10 @@ class NodeService:
         self.config = config
         self.backends = backends
         self.store = store
+        self.trajectory = Recorder(config.state_dir / "trajectory.db")
         self.node_id = node_id
         self.short = node_id.removeprefix("node-")
+        self.network = NetworkManager(config.state_dir, self.short)
         self.records: dict[str, SandboxRecord] = {}
         self.shells: dict[str, ShellSession] = {}
         self._reaper: asyncio.Task | None = None
@@ -74,6 +79,7 @@ class NodeService:
             await asyncio.gather(*(self.stop(i) for i in list(self.records)),
                                  return_exceptions=True)
         self.store.close()
+        self.trajectory.close()
 
     # ---- recovery and expiry ----
     async def _recover(self) -> None:
@@ -111,6 +117,7 @@ class NodeService:
                 log.exception("reaper pass failed")
 
     async def reap(self, now: float) -> None:
+        await reap_leases(self, now)
         for rec in list(self.records.values()):
             if rec.expires_at is not None and now >= rec.expires_at:
                 await self.stop(rec.id)
@@ -169,9 +176,8 @@ class NodeService:
         if spec.backend not in self.backends:
             raise Unsupported(f"backend {spec.backend!r} is not available on {self.node_id}; "
                               f"available: {sorted(self.backends)}")
-        if spec.network != "none" and any(spec.network.values()):
-            raise Unsupported("network permissions other than 'none' are not enabled on "
-                              f"{self.node_id} yet")
+        if spec.network != "none":
+            self.network.check(spec.network)
         now = time.time()
         return SandboxRecord(id=f"sb-{self.short}-{secrets.token_hex(6)}", spec=spec,
                              state="starting", created_at=now, last_active_at=now,
@@ -188,8 +194,11 @@ class NodeService:
         try:
             async with self._start_sem:
                 rec.runtime = await self.backends[spec.backend].start(rec)
+                await self.network.attach(rec, list(self.records.values()))
         except BaseException as exc:
             self.records.pop(rec.id, None)
+            if rec.runtime:  # started, then its network failed
+                await self.backends[spec.backend].stop(rec)
             metrics.CREATE_FAILURES.labels(spec.backend).inc()
             if isinstance(exc, DSecError):
                 raise
@@ -250,11 +259,13 @@ class NodeService:
         return self.backends[rec.spec.backend], rec
 
     # ---- exec and shells ----
+    @recorded("exec", ExecResult)
     async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
         backend, rec = await self._active(sb_id)
         with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
             return await run_exec(backend, rec, req)
 
+    @recorded_stream
     async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         backend, rec = await self._active(sb_id)
         async for ev in exec_events(backend, rec, req):
@@ -278,6 +289,7 @@ class NodeService:
             raise NotFound(f"shell {sh_id} not found in sandbox {sb_id}")
         return sh
 
+    @recorded("shell_run", ExecResult)
     async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
         await self._active(sb_id)
         return await self._shell(sb_id, sh_id).run(req)
@@ -321,6 +333,7 @@ class NodeService:
         return [ImageSummary(name=i.name, digest=i.manifest_digest, layers=i.layers,
                              size=i.size, created=i.created.timestamp()) for i in infos]
 
+    @recorded("pack_diff", ImageSummary)
     async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
         """Pack the writable layer as a new layer over the sandbox's image, frozen meanwhile."""
         upper = await self.upper_dir(sb_id)

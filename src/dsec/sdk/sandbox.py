@@ -13,6 +13,7 @@ from dsec.api.errors import error_from_wire
 from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecResult, FileInfo,
                              FileList, ImageSummary, PackDiffRequest, SandboxInfo, ShellInfo,
                              ShellRunRequest)
+from dsec.api.rl import AuditList, AuditRecord, NetworkRequest, NetworkStatus, TrajectoryPage
 
 if TYPE_CHECKING:
     from dsec.sdk.client import AsyncClient
@@ -102,6 +103,28 @@ class AsyncSandbox:
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/pack_diff",
                                            json=body, timeout=None)
         return ImageSummary.model_validate(resp.json())
+
+    async def set_network(self, allow: dict[str, bool]) -> NetworkStatus:
+        """Change egress permissions while the sandbox runs (names from the node's config)."""
+        body = NetworkRequest(allow=allow).model_dump()
+        resp = await self._client._request("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
+        return NetworkStatus.model_validate(resp.json())
+
+    async def network(self) -> NetworkStatus:
+        """Current permissions, and the packets and destinations refused so far."""
+        resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/network")
+        return NetworkStatus.model_validate(resp.json())
+
+    async def trajectory(self, offset: int = 0, limit: int = 1000) -> TrajectoryPage:
+        """The sandbox's log of mutating calls and their results, from ``offset``."""
+        resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/trajectory",
+                                           params={"offset": offset, "limit": limit})
+        return TrajectoryPage.model_validate(resp.json())
+
+    async def audit(self) -> list[AuditRecord]:
+        """Actions this sandbox was refused: network destinations, divergent replays."""
+        resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/audit")
+        return AuditList.model_validate(resp.json()).records
 
     async def stop(self) -> None:
         """Stop the sandbox and remove everything it had."""

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from dsec.api.models import FileInfo, FileList
 from dsec.gateway.routes.common import node_of
+from dsec.trajectory.recorder import FileWriteTap
 
 __all__ = ["router", "MAX_TAR_BYTES"]
 
@@ -53,13 +54,16 @@ async def write(request: Request, sb_id: str, path: str = Query(...),
                 mode: int = Query(0o644, ge=0, le=0o7777)) -> FileInfo:
     ops = await _ops(request, sb_id)
     f = await asyncio.to_thread(ops.open_write, path, mode & 0o777)
+    tap = FileWriteTap(path, mode & 0o777)
     try:
         async for chunk in request.stream():
             if chunk:
-                await asyncio.to_thread(f.write, chunk)
+                await asyncio.to_thread(f.write, tap.feed(chunk))
     finally:
         await asyncio.to_thread(f.close)
-    return await asyncio.to_thread(ops.stat, path)
+    info = await asyncio.to_thread(ops.stat, path)
+    node_of(request, sb_id).trajectory.record_write(sb_id, tap, info)
+    return info
 
 
 @router.get("/stat", response_model=FileInfo)

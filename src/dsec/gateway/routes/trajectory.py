@@ -1,0 +1,25 @@
+"""Trajectory log and audit routes of a sandbox (readable after the sandbox stopped)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from dsec.api.rl import AuditList, TrajectoryPage
+from dsec.gateway.routes.common import node_of
+from dsec.node.network import audit_records
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
+
+
+@router.get("/trajectory", response_model=TrajectoryPage)
+async def trajectory(request: Request, sb_id: str, offset: int = Query(0, ge=0),
+                     limit: int = Query(1000, ge=1, le=100000)) -> TrajectoryPage:
+    log = node_of(request, sb_id).trajectory.log
+    return TrajectoryPage(entries=log.entries(sb_id, offset, limit), total=log.count(sb_id))
+
+
+@router.get("/audit", response_model=AuditList)
+async def audit(request: Request, sb_id: str) -> AuditList:
+    return AuditList(records=await audit_records(node_of(request, sb_id), sb_id))

@@ -1,0 +1,247 @@
+"""Egress by named permissions, enforced with nftables inside each sandbox's network namespace.
+
+A sandbox created with ``network="none"`` keeps runc's fresh namespace with loopback only:
+no route leaves it. A sandbox with permissions (even all false) gets a veth pair: ``eth0``
+inside with a /30 from the node's sandbox subnet, ``dsv<n>`` on the host, NAT on the way
+out. Inside its namespace a ``inet dsec`` table accepts what the permissions allow and
+refuses (TCP reset, else ICMP admin-prohibited) and counts everything else, remembering
+each refused destination with a packet count. The sandbox lacks CAP_NET_ADMIN, so it
+cannot change its own rules. On the host, traffic from ``dsv*`` to the host itself or to
+another sandbox is dropped, whatever the sandbox's own table says.
+
+Permission names map to address sets in ``<state_dir>/network.json``::
+
+    {"subnet": "10.213.0.0/16",
+     "permissions": {"pypi": {"addresses": ["192.0.2.0/24"], "ports": [443]}}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dsec.api.errors import Internal, InvalidArgument, Unsupported
+from dsec.api.rl import DeniedFlow
+
+__all__ = ["Permission", "NetworkConfig", "NetworkManager", "render_sandbox_table",
+           "render_allow", "render_host_tables", "slot_addresses", "HOST_TABLES"]
+
+HOST_TABLES = (("inet", "dsec_host"), ("ip", "dsec_nat"))
+
+
+class Permission(BaseModel):
+    """One named permission: destinations a sandbox may reach when it holds it."""
+
+    model_config = ConfigDict(extra="forbid")
+    addresses: list[str] = Field(description="IPv4 addresses or CIDR blocks")
+    ports: list[int] = Field(default_factory=list, description="allowed ports; [] for any")
+    protocols: list[Literal["tcp", "udp"]] = Field(default_factory=lambda: ["tcp", "udp"])
+
+    @field_validator("addresses")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("a permission needs at least one address")
+        return [str(ipaddress.IPv4Network(a, strict=False)) for a in v]
+
+
+class NetworkConfig(BaseModel):
+    """The node's egress configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+    subnet: str = Field("10.213.0.0/16", description="sandbox addresses, a /30 each")
+    permissions: dict[str, Permission] = Field(default_factory=dict)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> NetworkConfig:
+        path = state_dir / "network.json"
+        return cls.model_validate_json(path.read_text()) if path.exists() else cls()
+
+
+# ---- rendering (pure) ----
+def slot_addresses(subnet: str, slot: int) -> tuple[str, str]:
+    """(host end, sandbox end) of the /30 number ``slot`` of ``subnet``."""
+    net = ipaddress.IPv4Network(subnet)
+    if (slot + 1) * 4 > net.num_addresses:
+        raise InvalidArgument(f"no free sandbox address left in {subnet}")
+    base = net.network_address + slot * 4
+    return str(base + 1), str(base + 2)
+
+
+def render_allow(allow: dict[str, bool], perms: dict[str, Permission]) -> str:
+    """The nft commands that refill the ``allow`` chain for these permissions."""
+    lines = ["flush chain inet dsec allow"]
+    for name in sorted(n for n, on in allow.items() if on):
+        p = perms[name]
+        rule = f"add rule inet dsec allow ip daddr {{ {', '.join(p.addresses)} }}"
+        rule += f" meta l4proto {{ {', '.join(p.protocols)} }}"
+        if p.ports:
+            rule += f" th dport {{ {', '.join(str(x) for x in sorted(p.ports))} }}"
+        lines.append(rule + " accept")
+    return "\n".join(lines) + "\n"
+
+
+def render_sandbox_table() -> str:
+    return """table inet dsec {
+  counter dropped { }
+  set denied { type ipv4_addr . inet_proto . inet_service; size 4096; flags dynamic; counter; }
+  chain allow { }
+  chain output {
+    type filter hook output priority 0; policy accept;
+    oifname "lo" accept
+    ct state established,related accept
+    jump allow
+    meta l4proto { tcp, udp } update @denied { ip daddr . meta l4proto . th dport }
+    counter name "dropped"
+    meta l4proto tcp reject with tcp reset
+    reject with icmpx admin-prohibited
+  }
+}
+"""
+
+
+def render_host_tables() -> str:
+    return f"""table inet dsec_host {{
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "dsv*" ct state established,related accept
+    iifname "dsv*" counter drop
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+    iifname "dsv*" oifname "dsv*" counter drop
+  }}
+}}
+table ip dsec_nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    iifname "dsv*" oifname != "dsv*" masquerade
+  }}
+}}
+"""
+
+
+# ---- I/O ----
+async def _run(*argv: str, stdin: str | None = None) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
+    if proc.returncode != 0:
+        raise Internal(f"{' '.join(argv[:4])} failed: {err.decode(errors='replace').strip()}")
+    return out.decode()
+
+
+def _in_netns(pid: int, *argv: str) -> tuple[str, ...]:
+    return ("nsenter", "-t", str(pid), "-n", *argv)
+
+
+class NetworkManager:
+    """Gives sandboxes egress and changes it while they run."""
+
+    def __init__(self, state_dir: Path, node_short: str) -> None:
+        self.state_dir = state_dir
+        self.prefix = node_short[:7]  # dsv<node><slot> fits IFNAMSIZ (15) up to slot 99999
+        self._config: NetworkConfig | None = None
+        self._lock = asyncio.Lock()
+        self._host_ready = False
+
+    @property
+    def config(self) -> NetworkConfig:
+        if self._config is None:
+            self._config = NetworkConfig.load(self.state_dir)
+        return self._config
+
+    def check(self, allow: dict[str, bool]) -> None:
+        unknown = sorted(set(allow) - set(self.config.permissions))
+        if unknown:
+            raise InvalidArgument(f"unknown network permission(s) {unknown}; this node "
+                                  f"offers {sorted(self.config.permissions)}")
+
+    async def attach(self, rec, records) -> None:
+        """Give ``rec`` a veth and its rules, if its spec asks for any network."""
+        if rec.spec.network == "none":
+            return
+        await self.set(rec, rec.spec.network, records)
+
+    async def set(self, rec, allow: dict[str, bool], records) -> None:
+        """Apply ``allow`` to a running (or paused) sandbox, adding its veth if needed."""
+        self.check(allow)
+        if rec.spec.backend != "container":
+            raise Unsupported(f"network permissions are not available on {rec.spec.backend}")
+        pid = rec.runtime["init_pid"]
+        async with self._lock:
+            if "net" not in rec.runtime:
+                slot = _free_slot(records)
+                await self._plumb(pid, slot)
+                rec.runtime["net"] = {"slot": slot,
+                                      "address": slot_addresses(self.config.subnet, slot)[1]}
+        await _run(*_in_netns(pid, "nft", "-f", "-"),
+                   stdin=render_allow(allow, self.config.permissions))
+
+    async def _plumb(self, pid: int, slot: int) -> None:
+        host_ip, sb_ip = slot_addresses(self.config.subnet, slot)
+        await self._host_tables()
+        host, peer = f"dsv{self.prefix}{slot}", f"dsp{self.prefix}{slot}"
+        await _run("ip", "link", "add", host, "type", "veth", "peer", "name", peer,
+                   "netns", str(pid))
+        await _run("ip", "-batch", "-", stdin=f"addr add {host_ip}/30 dev {host}\n"
+                                               f"link set {host} up\n")
+        await _run(*_in_netns(pid, "ip", "-batch", "-"),
+                   stdin=f"link set {peer} name eth0\naddr add {sb_ip}/30 dev eth0\n"
+                         f"link set eth0 up\nroute add default via {host_ip}\n")
+        await _run(*_in_netns(pid, "nft", "-f", "-"), stdin=render_sandbox_table())
+
+    async def _host_tables(self) -> None:
+        if self._host_ready:
+            return
+        Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        listed = await _run("nft", "list", "tables")
+        if "dsec_host" not in listed:
+            await _run("nft", "-f", "-", stdin=render_host_tables())
+        self._host_ready = True
+
+    async def status(self, rec) -> tuple[int, list[DeniedFlow]]:
+        """Packets refused so far, and each refused destination with its packet count."""
+        if "net" not in rec.runtime:
+            return 0, []
+        pid = rec.runtime["init_pid"]
+        counter = json.loads(await _run(*_in_netns(pid, "nft", "-j", "list", "counter",
+                                                   "inet", "dsec", "dropped")))
+        dropped = next(x["counter"]["packets"] for x in counter["nftables"] if "counter" in x)
+        listing = json.loads(await _run(*_in_netns(pid, "nft", "-j", "list", "set", "inet",
+                                                   "dsec", "denied")))
+        return dropped, _denied_flows(listing)
+
+    @staticmethod
+    async def remove_host_tables() -> None:
+        """Drop the host-side tables (when no sandbox of any node uses egress)."""
+        listed = await _run("nft", "list", "tables")
+        for family, name in HOST_TABLES:
+            if f"table {family} {name}" in listed:
+                await _run("nft", "delete", "table", family, name)
+
+
+def _free_slot(records) -> int:
+    used = {r.runtime["net"]["slot"] for r in records if "net" in r.runtime}
+    slot = 0
+    while slot in used:
+        slot += 1
+    return slot
+
+
+def _denied_flows(listing: dict) -> list[DeniedFlow]:
+    out = []
+    for item in listing["nftables"]:
+        for elem in item.get("set", {}).get("elem", []):
+            e = elem.get("elem", elem)
+            addr, proto, port = e["val"]["concat"]
+            packets = (e.get("counter") or {}).get("packets", 0)
+            out.append(DeniedFlow(address=addr, protocol=str(proto), port=int(port),
+                                  packets=packets))
+    return out

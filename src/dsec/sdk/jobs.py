@@ -1,0 +1,51 @@
+"""Jobs as the asynchronous SDK sees them: ``client.jobs.pause("run-17")``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
+
+if TYPE_CHECKING:
+    from dsec.sdk.client import AsyncClient
+
+__all__ = ["AsyncJobs"]
+
+
+class AsyncJobs:
+    """The jobs of a cluster: every sandbox created with ``job=name`` belongs to ``name``."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def list(self) -> list[JobInfo]:
+        """Every job with sandboxes or a lease, with counts by state and usage."""
+        resp = await self._client._request("GET", "/v1/jobs")
+        return JobList.model_validate(resp.json()).jobs
+
+    async def get(self, job: str) -> JobInfo:
+        resp = await self._client._request("GET", f"/v1/jobs/{job}")
+        return JobInfo.model_validate(resp.json())
+
+    async def pause(self, job: str) -> JobInfo:
+        """Freeze every sandbox of the job (the trainer went away); files and processes stay.
+        The next request to any of them resumes that one."""
+        resp = await self._client._request("POST", f"/v1/jobs/{job}/pause", timeout=None)
+        return JobInfo.model_validate(resp.json())
+
+    async def resume(self, job: str) -> JobInfo:
+        """Thaw every paused sandbox of the job at once."""
+        resp = await self._client._request("POST", f"/v1/jobs/{job}/resume", timeout=None)
+        return JobInfo.model_validate(resp.json())
+
+    async def stop(self, job: str) -> None:
+        """Stop every sandbox of the job and drop its lease."""
+        await self._client._request("DELETE", f"/v1/jobs/{job}", timeout=None)
+
+    async def heartbeat(self, job: str, lease_s: float = 60.0,
+                        stop_after_s: float | None = 3600.0) -> JobInfo:
+        """Renew the job's lease: without a heartbeat for ``lease_s`` the job is paused,
+        and ``stop_after_s`` after that, stopped."""
+        body = HeartbeatRequest(lease_s=lease_s, stop_after_s=stop_after_s).model_dump()
+        resp = await self._client._request("POST", f"/v1/jobs/{job}/heartbeat", json=body)
+        return JobInfo.model_validate(resp.json())

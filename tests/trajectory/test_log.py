@@ -1,0 +1,50 @@
+"""The SQLite trajectory log: ordered, append-only, durable across reopen."""
+
+import sqlite3
+
+import pytest
+
+from dsec.trajectory.log import TrajectoryLog
+
+
+@pytest.fixture
+def log(tmp_path):
+    lg = TrajectoryLog(tmp_path / "trajectory.db")
+    yield lg
+    lg.close()
+
+
+def test_entries_come_back_in_order_with_results(log):
+    for i in range(3):
+        log.append("sb-a-1", f"t{i}", "exec", f"fp{i}", {"cmd": f"echo {i}"}, {"exit_code": i})
+    log.append("sb-b-2", "t0", "exec", "fp", {"cmd": "x"}, {"exit_code": 9})
+    got = log.entries("sb-a-1")
+    assert [(e.seq, e.step, e.result["exit_code"]) for e in got] == [
+        (0, "t0", 0), (1, "t1", 1), (2, "t2", 2)]
+    assert log.count("sb-b-2") == 1
+
+
+def test_rows_cannot_be_changed_or_deleted(log):
+    log.append("sb-a-1", "t0", "exec", "fp", {}, {})
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        log._db.execute("UPDATE steps SET result='{}'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        log._db.execute("DELETE FROM steps")
+
+
+def test_a_step_key_is_unique_per_sandbox(log):
+    log.append("sb-a-1", "t0", "exec", "fp", {}, {})
+    with pytest.raises(sqlite3.IntegrityError):
+        log.append("sb-a-1", "t0", "exec", "fp", {}, {})
+    assert log.count("sb-a-1") == 1
+
+
+def test_log_survives_reopen(tmp_path):
+    first = TrajectoryLog(tmp_path / "t.db")
+    first.append("sb-a-1", "t0", "shell_run", "fp", {"cmd": "cd /"}, {"exit_code": 0})
+    first.audit("sb-a-1", "trajectory_diverged", "step 't9' ...")
+    first.close()
+    again = TrajectoryLog(tmp_path / "t.db")
+    assert again.keyed("sb-a-1") == [("t0", 0, "fp")]
+    assert [r.kind for r in again.audit_records("sb-a-1")] == ["trajectory_diverged"]
+    again.close()
