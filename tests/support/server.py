@@ -26,11 +26,12 @@ class ServerProcess:
     """Start with :meth:`start`; ``url``, ``token`` and ``state_dir`` describe it."""
 
     def __init__(self, state_dir: Path | None = None, port: int | None = None,
-                 backends: list[str] | None = None) -> None:
+                 backends: list[str] | None = None, extra_args: list[str] | None = None) -> None:
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix="dsec-test-"))
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.backends = backends or ["container"]
+        self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.token = ""
 
@@ -39,6 +40,7 @@ class ServerProcess:
                "--port", str(self.port)]
         for b in self.backends:
             cmd += ["--backend", b]
+        cmd += self.extra_args
         self.log = open(self.state_dir / "server.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

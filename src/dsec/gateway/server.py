@@ -35,9 +35,9 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
 
 
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          backends: list[str] | None = None) -> None:
+          backends: list[str] | None = None, warm_pool: dict[str, int] | None = None) -> None:
     """Run the embedded server until interrupted."""
-    kwargs = {}
+    kwargs: dict = {"warm_pool": warm_pool or {}}
     if state_dir is not None:
         kwargs["state_dir"] = state_dir
     if backends:
@@ -58,8 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--backend", action="append", default=None)
+    p.add_argument("--warm-pool", action="append", default=[], metavar="IMAGE=N",
+                   help="keep N started sandboxes of IMAGE ready for create()")
     a = p.parse_args(argv)
-    serve(a.state_dir, a.host, a.port, a.backend)
+    pool = {}
+    for item in a.warm_pool:
+        image, _, n = item.rpartition("=")
+        if not image or not n.isdigit():
+            p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
+        pool[image] = int(n)
+    serve(a.state_dir, a.host, a.port, a.backend, pool)
 
 
 if __name__ == "__main__":

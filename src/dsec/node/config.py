@@ -28,4 +28,7 @@ class NodeConfig(BaseModel):
     start_concurrency: int = Field(8, ge=1, le=256,
                                    description="sandboxes started at once (runc is CPU-bound)")
     reap_interval_s: float = Field(1.0, gt=0, description="how often TTLs are checked")
+    warm_pool: dict[str, int] = Field(
+        default_factory=dict,
+        description="image -> number of container sandboxes kept started ahead of demand")
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)

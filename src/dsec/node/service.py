@@ -25,6 +25,7 @@ from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
 from dsec.node.execution import exec_events, run_exec
+from dsec.node.pool import WarmPool
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
 from dsec.placement.admission import NodeLoad, admit
@@ -53,6 +54,9 @@ class NodeService:
         self.records: dict[str, SandboxRecord] = {}
         self.shells: dict[str, ShellSession] = {}
         self._reaper: asyncio.Task | None = None
+        self.pool = WarmPool(config.warm_pool)
+        self._filler: asyncio.Task | None = None
+        self._creating = 0
         self._start_sem = asyncio.Semaphore(config.start_concurrency)
 
     @classmethod
@@ -67,19 +71,31 @@ class NodeService:
         node = cls(config, backends, store, node_id)
         await node._recover()
         node._reaper = asyncio.create_task(node._reap_forever())
+        if node.pool.targets:
+            node._filler = asyncio.create_task(
+                node.pool.fill_forever(node._start_pooled, lambda: node._creating > 0))
         return node
 
     async def close(self, stop_sandboxes: bool = False) -> None:
         if self._reaper:
             self._reaper.cancel()
+        if self._filler:
+            self._filler.cancel()
+        for rec in self.pool.drain():  # pooled sandboxes hold no user state
+            await self.backends[rec.spec.backend].stop(rec)
+            self.store.delete(rec.id)
         for sh in list(self.shells.values()):
             sh.close()
         self.shells.clear()
         if stop_sandboxes:
             await asyncio.gather(*(self.stop(i) for i in list(self.records)),
                                  return_exceptions=True)
+        for backend in self.backends.values():
+            if hasattr(backend, "close"):  # backends with node-wide resources (fncall pools)
+                await backend.close()
         self.store.close()
         self.trajectory.close()
+        await self.network.close()
 
     # ---- recovery and expiry ----
     async def _recover(self) -> None:
@@ -89,6 +105,9 @@ class NodeService:
                 and await backend.alive(rec)
             if ok:
                 self.records[rec.id] = rec
+                continue
+            if rec.state == "pooled" and backend is not None and await backend.alive(rec):
+                self.pool.add(rec)
                 continue
             log.info("sandbox %s did not survive (state %s); cleaning up", rec.id, rec.state)
             if backend is not None:
@@ -102,7 +121,8 @@ class NodeService:
         if not root.is_dir():
             return
         for d in root.iterdir():
-            if d.name not in self.records:
+            pooled = {r.id for m in self.pool.members.values() for r in m}
+            if d.name not in self.records and d.name not in pooled:
                 spec = SandboxSpec(backend=_backend_of_dir(d, self.backends))
                 rec = SandboxRecord(id=d.name, spec=spec, state="failed", created_at=0,
                                     last_active_at=0)
@@ -188,9 +208,13 @@ class NodeService:
                        self.config.admission)
         if reason:
             raise Capacity(reason)
+        t0 = time.perf_counter()
+        pooled = self.pool.take(spec)
+        if pooled is not None:
+            return await self._adopt(pooled, spec, t0)
         rec = self._new_record(spec)
         self.records[rec.id] = rec
-        t0 = time.perf_counter()
+        self._creating += 1
         try:
             async with self._start_sem:
                 rec.runtime = await self.backends[spec.backend].start(rec)
@@ -203,6 +227,36 @@ class NodeService:
             if isinstance(exc, DSecError):
                 raise
             raise Capacity(f"could not start sandbox: {exc}") from exc
+        finally:
+            self._creating -= 1
+        rec.state = "running"
+        self.store.put(rec)
+        metrics.CREATIONS.labels(spec.backend).inc()
+        metrics.CREATE_SECONDS.labels(spec.backend).observe(time.perf_counter() - t0)
+        return self.info(rec)
+
+    async def _start_pooled(self, image: str) -> SandboxRecord:
+        rec = self._new_record(SandboxSpec(image=image, ttl_s=None))
+        rec.state = "pooled"
+        async with self._start_sem:
+            rec.runtime = await self.backends["container"].start(rec)
+        self.store.put(rec)
+        return rec
+
+    async def _adopt(self, rec: SandboxRecord, spec: SandboxSpec, t0: float) -> SandboxInfo:
+        """Turn a pooled sandbox into the caller's: its limits, times and spec."""
+        now = time.time()
+        rec.spec, rec.created_at, rec.last_active_at = spec, now, now
+        rec.expires_at = now + spec.ttl_s if spec.ttl_s else None
+        self.records[rec.id] = rec
+        try:
+            await self.backends[spec.backend].apply_spec(rec)
+            await self.network.attach(rec, list(self.records.values()))
+        except BaseException:
+            self.records.pop(rec.id, None)
+            await self.backends[spec.backend].stop(rec)
+            self.store.delete(rec.id)
+            raise
         rec.state = "running"
         self.store.put(rec)
         metrics.CREATIONS.labels(spec.backend).inc()
@@ -263,12 +317,16 @@ class NodeService:
     async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
         backend, rec = await self._active(sb_id)
         with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
+            if hasattr(backend, "exec"):  # a stateless backend (fncall) runs exec itself
+                return await backend.exec(rec, req)
             return await run_exec(backend, rec, req)
 
     @recorded_stream
     async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         backend, rec = await self._active(sb_id)
-        async for ev in exec_events(backend, rec, req):
+        events = backend.exec_events(rec, req) if hasattr(backend, "exec_events") \
+            else exec_events(backend, rec, req)
+        async for ev in events:
             yield ev
 
     async def shell_open(self, sb_id: str) -> ShellInfo:

@@ -206,6 +206,21 @@ class ContainerBackend:
             verb = "pause" if frozen else "resume"
             raise Internal(f"could not {verb} {rec.id}: {exc}") from exc
 
+    async def apply_spec(self, rec: SandboxRecord) -> None:
+        """Give a running (pooled) sandbox the limits of ``rec.spec``: cgroups and disk size."""
+        spec = rec.spec
+        rw = self.sandbox_dir(rec.id) / "rw"
+
+        def apply() -> None:
+            self.cgroups.set_limits(self.cgroup_path(rec.id), spec.cpu, spec.memory_mb, spec.pids)
+            mounts.mount("tmpfs", rw, "tmpfs",
+                         mounts.MS_REMOUNT | mounts.MS_NOSUID | mounts.MS_NODEV,
+                         f"size={spec.disk_mb}m")
+        try:
+            await asyncio.to_thread(apply)
+        except OSError as exc:
+            raise Internal(f"could not apply limits to {rec.id}: {exc}") from exc
+
     async def alive(self, rec: SandboxRecord) -> bool:
         state = self.runc_root / rec.id / "state.json"
         pid = rec.runtime.get("init_pid")

@@ -59,6 +59,10 @@ class CgroupDriver:
         """Pids in the cgroup (and below); empty when it is gone."""
         raise NotImplementedError
 
+    def set_limits(self, rel: str, cpu: float, memory_mb: int, pids: int) -> None:
+        """Change CPU quota, memory (swap included) and pids limits of a running sandbox."""
+        raise NotImplementedError
+
     def set_frozen(self, rel: str, frozen: bool) -> None:
         """Freeze or thaw every process of the cgroup, and wait until it took effect."""
         raise NotImplementedError
@@ -105,6 +109,21 @@ class CgroupV1(CgroupDriver):
     def procs(self, rel: str) -> list[int]:
         return _procs_under(self._dir("memory", rel), "cgroup.procs")
 
+    def set_limits(self, rel: str, cpu: float, memory_mb: int, pids: int) -> None:
+        mem = self._dir("memory", rel)
+        new = str(memory_mb << 20)
+        # memory+swap may never be below memory: raise memsw first, lower it last.
+        if int(_read_int(mem / "memory.limit_in_bytes")) < memory_mb << 20:
+            order = ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes")
+        else:
+            order = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        for name in order:
+            (mem / name).write_text(new)
+        cpu_dir = self._dir("cpu", rel)
+        (cpu_dir / "cpu.cfs_period_us").write_text("100000")
+        (cpu_dir / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu * 100_000))))
+        (self._dir("pids", rel) / "pids.max").write_text(str(pids))
+
     def set_frozen(self, rel: str, frozen: bool) -> None:
         f = self._dir("freezer", rel) / "freezer.state"
         want = "FROZEN" if frozen else "THAWED"
@@ -133,6 +152,14 @@ class CgroupV2(CgroupDriver):
 
     def procs(self, rel: str) -> list[int]:
         return _procs_under(self._dir(rel), "cgroup.procs")
+
+    def set_limits(self, rel: str, cpu: float, memory_mb: int, pids: int) -> None:
+        d = self._dir(rel)
+        (d / "memory.max").write_text(str(memory_mb << 20))
+        if (d / "memory.swap.max").exists():
+            (d / "memory.swap.max").write_text("0")
+        (d / "cpu.max").write_text(f"{max(1000, int(cpu * 100_000))} 100000")
+        (d / "pids.max").write_text(str(pids))
 
     def set_frozen(self, rel: str, frozen: bool) -> None:
         d = self._dir(rel)

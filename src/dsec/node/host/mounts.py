@@ -12,11 +12,12 @@ import os
 from pathlib import Path
 
 __all__ = ["mount", "umount", "is_mountpoint", "mounts_under", "MS_RDONLY", "MS_NOSUID",
-           "MS_NODEV", "MNT_DETACH"]
+           "MS_NODEV", "MS_REMOUNT", "MNT_DETACH"]
 
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_REMOUNT = 32
 MNT_DETACH = 2
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

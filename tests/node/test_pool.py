@@ -1,0 +1,69 @@
+"""The warm pool hands out started sandboxes with the caller's limits, and refills."""
+
+import asyncio
+import time
+
+import pytest
+
+import dsec
+from dsec.node.host.cgroups import ROOT, detect
+from tests.support.server import ServerProcess, leftovers
+
+
+@pytest.fixture
+def pooled_server():
+    srv = ServerProcess(extra_args=["--warm-pool", "busybox=3"]).start()
+    yield srv
+    srv.destroy()
+    assert leftovers(srv.state_dir) == []
+
+
+async def _pool_ids(srv) -> set[str]:
+    d = srv.state_dir / "sandboxes"
+    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+
+
+async def _wait_pool(srv, n: int, listed: set[str]) -> set[str]:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        pool = await _pool_ids(srv) - listed
+        if len(pool) >= n:
+            return pool
+        await asyncio.sleep(0.2)
+    raise AssertionError("pool did not fill")
+
+
+async def test_create_takes_a_pooled_sandbox_with_its_own_limits(pooled_server):
+    srv = pooled_server
+    pool = await _wait_pool(srv, 3, set())
+    async with dsec.AsyncClient(srv.url, srv.token) as c:
+        sb = await c.create(memory_mb=96, cpu=0.5, pids=50, disk_mb=8, labels={"k": "v"})
+        try:
+            assert sb.id in pool, "create should have used a pooled sandbox"
+            assert (await sb.exec("hostname")).stdout.strip() == sb.id
+            r = await sb.exec("dd if=/dev/zero of=/f bs=1M count=20")
+            assert "No space left" in r.stderr, "disk_mb of the caller must apply"
+            if detect().version == 1:
+                lim = (ROOT / "memory" / "dsec" / sb.id / "memory.limit_in_bytes").read_text()
+                assert int(lim) == 96 << 20
+                assert (ROOT / "pids" / "dsec" / sb.id / "pids.max").read_text().strip() == "50"
+            assert [i.id for i in await c.list(labels={"k": "v"})] == [sb.id]
+            await _wait_pool(srv, 3, {sb.id})  # refilled
+        finally:
+            await sb.stop()
+
+
+async def test_pool_is_not_listed_and_survives_a_restart(pooled_server):
+    srv = pooled_server
+    pool = await _wait_pool(srv, 3, set())
+    async with dsec.AsyncClient(srv.url, srv.token) as c:
+        assert await c.list() == []
+    srv.kill()
+    srv.proc = None
+    srv.start()
+    async with dsec.AsyncClient(srv.url, srv.token) as c:
+        sb = await c.create()
+        try:
+            assert sb.id in pool
+        finally:
+            await sb.stop()
