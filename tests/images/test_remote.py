@@ -166,3 +166,16 @@ def test_corrupted_cached_chunk_is_fetched_again(node):
     r = node.resolve("ws/big:v1")
     assert (r.lowerdirs[0] / "f2").read_bytes() == want
     assert node.bytes_fetched > before
+
+
+def test_gc_drops_cached_chunks_of_unreferenced_layers(node, registry):
+    r = node.resolve("ws/big:v1")
+    (r.lowerdirs[0] / "f1").read_bytes()
+    layer = r.layer_digests[0]
+    assert layer in node.sources.cache.layers()
+    assert node.gc(in_use={layer}, grace_s=0).layers == []
+    node.untag("ws/big:v1")
+    node.unmount_all()
+    plan = node.gc(grace_s=0)
+    assert plan.layers == [layer] and plan.bytes_freed > 0
+    assert layer not in node.sources.cache.layers()

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 import threading
 
@@ -58,6 +59,19 @@ class ChunkCache:
     def put_table(self, digest: str, table: bytes) -> None:
         """Store a verified chunk table."""
         self.write_atomic(self.root / digest_hex(digest) / "table", table)
+
+    def layers(self) -> set[str]:
+        """Digests of the layers with anything cached."""
+        return {"sha256:" + p.name for p in self.root.iterdir() if len(p.name) == 64}
+
+    def remove(self, digest: str) -> int:
+        """Drop a layer's cached chunks; returns the bytes freed."""
+        d = self.root / digest_hex(digest)
+        if not d.is_dir():
+            return 0
+        size = sum(p.stat().st_size for p in d.iterdir())
+        shutil.rmtree(d, ignore_errors=True)
+        return size
 
     def add_fetched(self, n: int) -> None:
         """Add ``n`` to the bytes-fetched counter kept in ``stats.json``."""

@@ -8,18 +8,16 @@ import shutil
 import time
 from collections.abc import Callable
 
-from dsec.api.errors import InvalidArgument, NotFound
-from dsec.images import erofs, importer
+from dsec.api.errors import NotFound
+from dsec.images import authoring, erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
-from dsec.images.build import BuildSpec, ChrootRunner, StepRunner, load_spec, run_steps
+from dsec.images.build import BuildSpec, StepRunner
 from dsec.images.gc import GcPlan, plan_gc
-from dsec.images.merge import merge_trees
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
-from dsec.images.refs import check_digest, is_digest, layer_id, normalize_ref
+from dsec.images.refs import check_digest, is_digest, normalize_ref
 from dsec.images.sources import LayerSources, RemoteConfig
-from dsec.images.stage import stage_upper
 from dsec.images.store import LocalStore, hash_blob, table_digest
 from dsec.images.tarsafe import TarLimits
 
@@ -223,85 +221,33 @@ class ImageService:
         Whiteouts and opaque directories are kept, so the tagged image reproduces the
         sandbox's filesystem as it was. ``exclude``: sandbox paths or globs to clean out
         first (e.g. ``["/tmp", "/root/.cache"]``). The upper dir is only read; pack a
-        paused or stopped sandbox for a consistent snapshot.
+        paused or stopped sandbox for a consistent snapshot. The overlay must be mounted
+        with redirect_dir=off and metacopy=off (the kernel's defaults).
         """
-        tag = normalize_ref(tag)
-        if not pathlib.Path(upperdir).is_dir():
-            raise NotFound(f"upper directory {upperdir} does not exist")
-        work = self.store.tempdir("pack-")
-        try:
-            rootfs = work / "rootfs"
-            rootfs.mkdir()
-            stage_upper(pathlib.Path(upperdir), rootfs, exclude)
-            layer = self.add_layer_dir(rootfs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        layers = [self.layer_ref(d) for d in base.layer_digests] + [layer]
-        digest = self.commit(tag, layers, config or base.config)
-        return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
-                         manifest_digest=digest, tag=tag)
+        return authoring.pack_diff(self, upperdir, tag, base, exclude, config)
 
     def build(self, spec: BuildSpec | pathlib.Path, context: pathlib.Path | None = None,
               runner: StepRunner | None = None,
               progress: Callable[[int, int, str], None] | None = None) -> LayerInfo:
-        """Build a layer from a spec (a BuildSpec or a spec file) and tag base + it.
+        """Build a layer from a spec (a BuildSpec or a TOML/JSON spec file); tag base + it.
 
         ``context``: folder copy steps read from (default: the spec file's folder).
+        ``runner``: how run steps execute (default: unshare + chroot).
         ``progress(i, n, text)`` is called before each step. See :mod:`dsec.images.build`.
         """
-        if not isinstance(spec, BuildSpec):
-            context = context or pathlib.Path(spec).parent
-            spec = load_spec(pathlib.Path(spec))
-        context = pathlib.Path(context or ".")
-        base = self.resolve(spec.base, spec.layers)
-        env = {**base.config.env, **spec.env}
-        work = self.store.tempdir("build-")
-        merged, upper, scratch = work / "merged", work / "upper", work / "work"
-        for d in (merged, upper, scratch):
-            d.mkdir()
-        try:
-            erofs.mount_overlay(base.lowerdirs, upper, scratch, merged)
-            try:
-                run_steps(spec, context, merged, env, runner or ChrootRunner(), progress)
-            finally:
-                erofs.umount(merged)
-            config = base.config.model_copy(update={
-                "env": env, "cwd": spec.workdir or base.config.cwd,
-                "labels": {**base.config.labels, **spec.labels},
-                "entrypoint": spec.entrypoint if spec.entrypoint is not None
-                else base.config.entrypoint})
-            return self.pack_diff(upper, spec.tag, base, spec.exclude, config)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        return authoring.build(self, spec, context, runner, progress)
 
     def merge(self, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
         """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.
 
         The new manifest lists the layers below the range, the merged layer, then the
-        layers above it, so the image's filesystem is unchanged. Whiteouts and opaque
-        markers are kept where layers below the range still need hiding.
+        layers above it, so the image's filesystem is unchanged.
         """
-        m = self.manifest(ref)
-        end = len(m.layers) if count is None else start + count
-        if not 0 <= start < end <= len(m.layers):
-            raise InvalidArgument(f"cannot merge layers {start}..{end} of {ref!r}: it has "
-                                  f"{len(m.layers)} layers (start from 0, count at least 1)")
-        dirs = [self.mounts.ensure(lr.digest) for lr in m.layers[start:end]]
-        below = [self.mounts.ensure(lr.digest) for lr in m.layers[:start]]
-        work = self.store.tempdir("merge-")
-        try:
-            rootfs = work / "rootfs"
-            rootfs.mkdir()
-            merge_trees(dirs, rootfs, below)
-            layer = self.add_layer_dir(rootfs)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        digest = self.commit(tag, [*m.layers[:start], layer, *m.layers[end:]], m.config)
-        return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
-                         manifest_digest=digest, tag=normalize_ref(tag))
+        return authoring.merge(self, ref, tag, start, count)
 
     def gc(self, in_use: set[str] | None = None, grace_s: float = 600.0) -> GcPlan:
-        """Delete manifests no tag names and layers no kept manifest lists.
+        """Delete manifests no tag names, and layers (blobs and cached chunks) that no
+        kept manifest lists.
 
         ``in_use``: layer or manifest digests live sandboxes hold (kept). Files younger
         than ``grace_s`` are kept too, so a build that has written its layer but not yet
@@ -316,19 +262,23 @@ class ImageService:
                     manifests[d] = [lr.digest for lr in self.store.get_manifest(d).layers]
                 except Exception:  # corrupt or unreadable: collected like an orphan
                     manifests[d] = []
-            plan = plan_gc(self.store.tags(), manifests, self.store.blob_digests(), in_use)
+            cached = self.sources.cache.layers()
+            plan = plan_gc(self.store.tags(), manifests, self.store.blob_digests() | cached,
+                           in_use)
             young = {d for d in [*plan.layers, *plan.manifests] if now - self._mtime(d) < grace_s}
             plan.layers = [d for d in plan.layers if d not in young]
             plan.manifests = [d for d in plan.manifests if d not in young]
             for d in plan.layers:
                 self.mounts.unmount(d)
-                plan.bytes_freed += self.store.remove_blob(d)
+                plan.bytes_freed += self.store.remove_blob(d) + self.sources.cache.remove(d)
             for d in plan.manifests:
                 (self.store.manifests / d.split(":", 1)[1]).unlink(missing_ok=True)
         return plan
 
     def _mtime(self, digest: str) -> float:
-        for path in (self.store.blob_path(digest), self.store.manifests / digest.split(":")[1]):
+        hexd = digest.split(":")[1]
+        for path in (self.store.blob_path(digest), self.store.manifests / hexd,
+                     self.sources.cache.root / hexd):
             if path.exists():
                 return path.stat().st_mtime
         return 0.0
