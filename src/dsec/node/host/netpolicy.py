@@ -192,6 +192,9 @@ class NetworkManager:
                    "netns", str(pid))
         await _run("ip", "-batch", "-", stdin=f"addr add {host_ip}/30 dev {host}\n"
                                                f"link set {host} up\n")
+        # IPv4 only: without this, IPv6 neighbour discovery would fill the drop counter.
+        await _run(*_in_netns(pid, "sh", "-c",
+                              f"echo 1 > /proc/sys/net/ipv6/conf/{peer}/disable_ipv6"))
         await _run(*_in_netns(pid, "ip", "-batch", "-"),
                    stdin=f"link set {peer} name eth0\naddr add {sb_ip}/30 dev eth0\n"
                          f"link set eth0 up\nroute add default via {host_ip}\n")
@@ -218,9 +221,11 @@ class NetworkManager:
                                                    "dsec", "denied")))
         return dropped, _denied_flows(listing)
 
-    @staticmethod
-    async def remove_host_tables() -> None:
-        """Drop the host-side tables (when no sandbox of any node uses egress)."""
+    async def close(self) -> None:
+        """Drop the host-side tables when no sandbox on this host has a veth any more."""
+        links = await _run("ip", "-o", "link", "show")
+        if any(line.split(":")[1].strip().startswith("dsv") for line in links.splitlines()):
+            return
         listed = await _run("nft", "list", "tables")
         for family, name in HOST_TABLES:
             if f"table {family} {name}" in listed:

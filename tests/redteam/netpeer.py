@@ -1,0 +1,64 @@
+"""A node with egress permissions, and a peer host in its own netns to talk to."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tests.support.server import ServerProcess
+
+PEER = "10.214.77.2"      # the peer's address; only port PEER_PORT is granted
+PEER_PORT = 8080
+SUBNET = "10.215.0.0/24"  # this test node's sandboxes (apart from a default node's)
+PERMISSIONS = {"peer": {"addresses": [f"{PEER}/32"], "ports": [PEER_PORT]},
+               "docs": {"addresses": ["192.0.2.0/24"]}}
+
+
+def sh(cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, shell=True, capture_output=True, text=True)
+
+
+def start_net_server() -> ServerProcess:
+    d = Path(tempfile.mkdtemp(prefix="dsec-net-"))
+    (d / "network.json").write_text(json.dumps({"subnet": SUBNET, "permissions": PERMISSIONS}))
+    return ServerProcess(state_dir=d).start()
+
+
+class Peer:
+    """A netns with a veth to the host and an HTTP server on PEER:PEER_PORT."""
+
+    def __init__(self) -> None:
+        self.ns = f"dsec-tpeer-{secrets.token_hex(3)}"
+        self.link = f"dstp{secrets.token_hex(3)}"
+        self.http: subprocess.Popen | None = None
+
+    def start(self) -> Peer:
+        out = sh(f"ip netns add {self.ns} && "
+                 f"ip link add {self.link} type veth peer name eth0 netns {self.ns} && "
+                 f"ip addr add 10.214.77.1/24 dev {self.link} && ip link set {self.link} up && "
+                 f"ip -n {self.ns} addr add {PEER}/24 dev eth0 && "
+                 f"ip -n {self.ns} link set eth0 up && ip -n {self.ns} link set lo up")
+        assert out.returncode == 0, out.stderr
+        self.http = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "python3", "-m", "http.server", str(PEER_PORT),
+             "--bind", PEER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def stop(self) -> None:
+        if self.http:
+            self.http.kill()
+            self.http.wait()
+        sh(f"ip netns del {self.ns}")  # takes the veth with it
+
+
+def sandbox_links() -> list[str]:
+    """Host ends of sandbox veths (``dsv*``) that exist now."""
+    out = sh("ip -o link show").stdout
+    return [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines()
+            if ln.split(":")[1].strip().startswith("dsv")]
+
+
+HTTP_GET = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {PEER} {PEER_PORT} | head -1"

@@ -1,0 +1,19 @@
+"""client.jobs has a blocking twin with the same methods and signatures."""
+
+import inspect
+
+import dsec
+from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.sync import Jobs
+
+
+def test_sync_jobs_mirror_async_jobs():
+    names = {n for n, f in vars(AsyncJobs).items() if not n.startswith("_") and callable(f)}
+    assert names == {"list", "get", "pause", "resume", "stop", "heartbeat"}
+    for n in names:
+        assert inspect.signature(getattr(Jobs, n)) == inspect.signature(getattr(AsyncJobs, n))
+
+
+def test_sync_client_hands_out_sync_jobs():
+    with dsec.Client("http://127.0.0.1:9", "t") as c:
+        assert isinstance(c.jobs, Jobs)
