@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from dsec.api.errors import DSecError, InvalidArgument
 from dsec.cluster.base import Cluster
 from dsec.gateway.auth import BearerAuth
-from dsec.gateway.routes import files, jobs, network, sandboxes, streams, trajectory
+from dsec.gateway.routes import files, fncall, jobs, network, sandboxes, streams, trajectory
 from dsec.node import metrics
 
 __all__ = ["create_app"]
@@ -66,6 +66,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> Fast
     app.include_router(sandboxes.router)
     app.include_router(files.router)
     app.include_router(streams.router)
+    app.include_router(fncall.router)
     app.include_router(jobs.router)
     app.include_router(network.router)
     app.include_router(trajectory.router)

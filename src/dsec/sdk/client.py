@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
-from dsec.api.errors import SandboxTimeout, Unavailable, error_from_wire
+from dsec.api.errors import InvalidArgument, SandboxTimeout, Unavailable, error_from_wire
+from dsec.api.fncall import (FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult,
+                             Language)
 from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
                              SandboxList, SandboxSpec)
 from dsec.sdk.jobs import AsyncJobs
@@ -168,6 +170,64 @@ class AsyncClient:
         infos = await self.list(job=job)
         await asyncio.gather(*(self._request("DELETE", f"/v1/sandboxes/{i.id}") for i in infos))
         return len(infos)
+
+    # ---- stateless calls (the fncall backend) ----
+    async def fncall(self, fn: str | Callable[..., Any], *args: Any,
+                     language: Language = "python", image: str = "python:3.11",
+                     kwargs: dict[str, Any] | None = None, argv: list[str] | None = None,
+                     stdin: bytes | str | None = None, files: dict[str, bytes] | None = None,
+                     return_files: list[str] | None = None, env: dict[str, str] | None = None,
+                     timeout: float = 10.0, cpu_time_s: float | None = None,
+                     memory_mb: int = 256, disk_mb: int = 64, pids: int = 64,
+                     max_output: int = 1 << 20,
+                     compile_args: list[str] | None = None) -> Any:
+        """Run ``fn`` once in a clean, pooled, isolated worker.
+
+        ``fn`` as source code in ``language`` returns a :class:`FnCallResult` (exit code,
+        output, ``files`` named in ``return_files``). ``fn`` as a Python callable is sent by
+        value with ``args`` and ``kwargs`` and its return value comes back; an exception
+        inside raises :class:`RemoteError` carrying the remote traceback."""
+        req = _fncall_request(fn, args, kwargs, dict(
+            language=language, image=image, argv=argv or [], stdin=stdin, files=files or {},
+            return_files=return_files or [], env=env or {}, timeout=timeout,
+            cpu_time_s=cpu_time_s, memory_mb=memory_mb, disk_mb=disk_mb, pids=pids,
+            max_output=max_output, compile_args=compile_args or []))
+        resp = await self._request("POST", "/v1/fncall", json=req.model_dump(mode="json"),
+                                   timeout=timeout + 60)
+        out = FnCallResult.model_validate(resp.json())
+        return out.result() if callable(fn) else out
+
+    async def fncall_many(self, calls: list[str | FnCallRequest | Callable[..., Any]], *,
+                          language: Language = "python", image: str = "python:3.11",
+                          timeout: float = 10.0, memory_mb: int = 256,
+                          disk_mb: int = 64) -> list[FnCallResult]:
+        """Many calls in one request, run concurrently; results in the same order.
+
+        Each item is source code (in ``language``), a ready :class:`FnCallRequest` (its own
+        options win), or a callable taking no arguments (use ``.result()`` on its result)."""
+        common = dict(language=language, image=image, timeout=timeout, memory_mb=memory_mb,
+                      disk_mb=disk_mb)
+        reqs = [c if isinstance(c, FnCallRequest) else _fncall_request(c, (), None, common)
+                for c in calls]
+        batch = FnCallBatch(calls=reqs)
+        resp = await self._request("POST", "/v1/fncall/batch",
+                                   json=batch.model_dump(mode="json"), timeout=None)
+        return FnCallBatchResult.model_validate(resp.json()).results
+
+
+def _fncall_request(fn: Any, args: tuple, kwargs: dict[str, Any] | None,
+                    options: dict[str, Any]) -> FnCallRequest:
+    if isinstance(options.get("stdin"), str):
+        options["stdin"] = options["stdin"].encode()
+    if isinstance(fn, str):
+        if args or kwargs:
+            raise InvalidArgument("arguments go with a callable; pass argv=[...] to code")
+        return FnCallRequest(code=fn, **options)
+    if not callable(fn):
+        raise InvalidArgument(f"fncall takes source code or a callable; got "
+                              f"{type(fn).__name__}")
+    import cloudpickle
+    return FnCallRequest(callable=cloudpickle.dumps((fn, args, kwargs or {})), **options)
 
 
 def _spec(args: dict) -> SandboxSpec:

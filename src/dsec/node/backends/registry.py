@@ -20,6 +20,9 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
         if name == "container":
             from dsec.node.backends.container import ContainerBackend
             out[name] = ContainerBackend(config.state_dir, images, agent)
+        elif name == "fncall":  # pools start lazily, on the first call
+            from dsec.node.backends.fncall import FncallBackend
+            out[name] = FncallBackend(config.state_dir, images, agent)
         else:
             raise InvalidArgument(f"unknown backend {name!r}")
     return out

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Build the Debian base image (``debian:12``, also tagged ``python:3.11``) into a state dir.
+
+    python scripts/build_debian_image.py --state-dir DIR [--force]
+
+The rootfs is made by ``mmdebstrap --variant=minbase`` from the Debian package registry,
+with only python3, git, gcc, g++ and the C library headers on top (so the fncall backend can
+run Python, bash, C and C++). It is kept small: no documentation, man pages or locales, no
+apt lists or caches, /dev left empty (runc mounts its own).
+
+Idempotent and cheap to repeat: the rootfs tarball is cached (``$DSEC_CACHE_DIR``, else
+``~/.cache/dsec``) and reused for every state dir; a state dir that already has the tag is
+left alone. The first build takes a few minutes; importing the cached tarball, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SUITE = "bookworm"
+TAGS = ("debian:12", "python:3.11")
+PACKAGES = ["python3", "git", "gcc", "g++", "libc6-dev", "ca-certificates"]
+EXCLUDES = ["/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
+            "/usr/share/lintian/*", "/usr/share/linda/*"]
+CACHE_NAME = f"debian-{SUITE}-minbase-v2.tar"
+
+
+def cache_dir() -> pathlib.Path:
+    env = os.environ.get("DSEC_CACHE_DIR")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "dsec"
+
+
+def build_tarball(dest: pathlib.Path) -> None:
+    """Run mmdebstrap into ``dest`` (a tar), atomically."""
+    if shutil.which("mmdebstrap") is None:
+        sys.exit("mmdebstrap not found: apt-get install -y mmdebstrap")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".partial.tar")
+    cmd = ["mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+           f"--include={','.join(PACKAGES)}", "--skip=output/dev", "--aptopt=Acquire::Retries \"3\""]
+    cmd += [f"--dpkgopt=path-exclude={p}" for p in EXCLUDES]
+    # /usr/share/doc copyright files are kept by convention in Debian images
+    cmd += ["--dpkgopt=path-include=/usr/share/doc/*/copyright",
+            '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* '
+            '"$1"/var/log/*.log "$1"/usr/share/python-wheels',
+            # compile the standard library once so no process inside writes __pycache__
+            '--customize-hook=chroot "$1" python3 -m compileall -q -j0 /usr/lib/python3.11 '
+            '|| true']
+    cmd += [SUITE, str(tmp)]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    tmp.rename(dest)
+
+
+def import_into(state_dir: pathlib.Path, tarball: pathlib.Path) -> str:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+    from dsec.images import ImageService
+    from dsec.images.models import ImageConfig
+
+    config = ImageConfig(
+        env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "HOME": "/root", "LANG": "C.UTF-8"},
+        cwd="/", user="root", entrypoint=["/bin/bash"],
+        labels={"org.dsec.image": "debian:12", "org.dsec.python": "3.11"})
+    svc = ImageService(state_dir)
+    with tempfile.TemporaryDirectory(dir=state_dir) as tmp:
+        root = pathlib.Path(tmp) / "rootfs"
+        root.mkdir()
+        # unpack as root with tar (keeps owners, modes, xattrs), then import the directory
+        subprocess.run(["tar", "-xf", str(tarball), "-C", str(root), "--numeric-owner",
+                        "--xattrs", "--xattrs-include=*"], check=True)
+        info = svc.import_rootfs(root, tag=TAGS[0], config=config)
+    for extra in TAGS[1:]:
+        svc.tag(extra, TAGS[0])
+    return info.manifest_digest or ""
+
+
+def has_tags(state_dir: pathlib.Path) -> bool:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+    from dsec.images import ImageService
+    svc = ImageService(state_dir)
+    try:
+        for t in TAGS:
+            svc.manifest_digest(t)
+    except Exception:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--state-dir", type=pathlib.Path,
+                   default=pathlib.Path(os.environ.get("DSEC_STATE_DIR", "/var/lib/dsec")))
+    p.add_argument("--force", action="store_true", help="rebuild the cached rootfs tarball")
+    p.add_argument("--tarball-only", action="store_true", help="only build the cached tarball")
+    a = p.parse_args(argv)
+    tarball = cache_dir() / CACHE_NAME
+    if a.force or not tarball.exists():
+        build_tarball(tarball)
+    if a.tarball_only:
+        print(tarball)
+        return 0
+    a.state_dir.mkdir(parents=True, exist_ok=True)
+    if not a.force and has_tags(a.state_dir):
+        print(f"{', '.join(TAGS)} already in {a.state_dir}")
+        return 0
+    digest = import_into(a.state_dir, tarball)
+    print(f"{', '.join(TAGS)} -> {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
