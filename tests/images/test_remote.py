@@ -179,3 +179,21 @@ def test_gc_drops_cached_chunks_of_unreferenced_layers(node, registry):
     plan = node.gc(grace_s=0)
     assert plan.layers == [layer] and plan.bytes_freed > 0
     assert layer not in node.sources.cache.layers()
+
+
+def test_concurrent_lazy_reads_return_the_right_bytes(node, registry):
+    from concurrent.futures import ThreadPoolExecutor
+    want_root = registry[0].resolve("ws/big:v1").lowerdirs[0]
+    top = node.resolve("ws/big:v1").lowerdirs[0]
+    names = [f"f{i}" for i in range(12)] * 2
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda n: (top / n).read_bytes(), names))
+    assert got == [(want_root / n).read_bytes() for n in names]
+
+
+def test_lazy_directory_knows_only_announced_layers(node):
+    node.resolve("ws/big:v1")
+    with pytest.raises(FileNotFoundError):
+        os.stat(node.root / "lazy" / ("ab" * 32))
+    with pytest.raises(FileNotFoundError):
+        os.stat(node.root / "lazy" / "not-a-digest")
