@@ -34,9 +34,32 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     await server.serve()
 
 
+async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None) -> None:
+    from dsec.cluster.ray import RayCluster, ray_init
+    from dsec.gateway.proxy import create_proxy_app
+    token, created = load_or_create_token(state_dir)
+    if created:
+        print(f"dsec: new API token (stored 0600 in {state_dir / 'token'}):\n  {token}",
+              flush=True)
+    await asyncio.to_thread(ray_init, address)
+    cluster = RayCluster()
+    (state_dir / "url").write_text(f"http://{host}:{port}\n")
+    server = uvicorn.Server(uvicorn.Config(create_proxy_app(cluster, token), host=host,
+                                           port=port, log_level="warning", access_log=False))
+    nodes = await cluster.endpoints(force=True)
+    print(f"dsec: gateway on http://{host}:{port} over Ray ({len(nodes)} nodes)", flush=True)
+    await server.serve()
+
+
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          backends: list[str] | None = None, warm_pool: dict[str, int] | None = None) -> None:
-    """Run the embedded server until interrupted."""
+          backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
+          ray_address: str | None = None) -> None:
+    """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster)."""
+    if ray_address is not None:
+        sd = state_dir or NodeConfig().state_dir
+        sd.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_serve_ray(sd, host, port, ray_address))
+        return
     kwargs: dict = {"warm_pool": warm_pool or {}}
     if state_dir is not None:
         kwargs["state_dir"] = state_dir
@@ -58,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--backend", action="append", default=None)
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="be a gateway over the node agents of this Ray cluster ('auto' ok)")
     p.add_argument("--warm-pool", action="append", default=[], metavar="IMAGE=N",
                    help="keep N started sandboxes of IMAGE ready for create()")
     a = p.parse_args(argv)
@@ -67,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         if not image or not n.isdigit():
             p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
         pool[image] = int(n)
-    serve(a.state_dir, a.host, a.port, a.backend, pool)
+    serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 from dsec.api.models import SandboxSpec
 from dsec.node.backends.base import SandboxRecord
 
-__all__ = ["NodeStore"]
+__all__ = ["NodeStore", "ensure_node_id"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -85,3 +85,17 @@ class NodeStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def ensure_node_id(db_path: Path) -> str:
+    """The node id kept in a node's store, created on first use (``node-<8 hex>``)."""
+    import secrets
+    store = NodeStore(db_path)
+    try:
+        node_id = store.meta("node_id")
+        if node_id is None:
+            node_id = f"node-{secrets.token_hex(4)}"
+            store.set_meta("node_id", node_id)
+        return node_id
+    finally:
+        store.close()

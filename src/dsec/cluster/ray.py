@@ -1,0 +1,221 @@
+"""The multi-machine cluster: a node agent per host as a Ray actor, gateways find them via Ray.
+
+Each :class:`NodeActor` runs the ordinary node agent plus its own HTTP API (the same app the
+embedded server uses, over just that node) on the host's address. A gateway lists the
+actors by name in the ``dsec`` namespace, asks each for its URL and load, places new
+sandboxes, and relays every other request to the node named in the sandbox id
+(``sb-<node>-<rand>``). So nothing in ``node/`` knows it runs under Ray, and every route,
+streaming included, works the same in both modes.
+
+Ray is imported lazily: the embedded server does not need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsec.api.errors import NotFound, Unavailable
+from dsec.cluster.base import node_short_of
+from dsec.placement.admission import NodeLoad
+
+__all__ = ["NAMESPACE", "NodeEndpoint", "RayCluster", "start_node_actor", "node_actor_class"]
+
+NAMESPACE = "dsec"
+PREFIX = "dsec-node-"
+
+
+@dataclass(frozen=True)
+class NodeEndpoint:
+    """Where a node's HTTP API answers, and the actor behind it."""
+
+    node_id: str
+    url: str
+    actor: object
+
+
+def _host_address() -> str:
+    import ray
+    return ray.util.get_node_ip_address()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class _NodeActor:
+    """Hosts a NodeService and its HTTP API inside a Ray worker on one machine."""
+
+    def __init__(self, state_dir: str, token: str, backends: list[str],
+                 host: str | None = None, port: int = 0,
+                 warm_pool: dict[str, int] | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.token = token
+        self.backends = backends
+        self.host = host
+        self.port = port
+        self.warm_pool = warm_pool or {}
+        self.node = None
+        self.server = None
+        self.url = ""
+
+    async def start(self) -> tuple[str, str]:
+        import uvicorn
+
+        from dsec.cluster.local import LocalCluster
+        from dsec.gateway.app import create_app
+        from dsec.node.config import NodeConfig
+        from dsec.node.service import NodeService
+
+        host = self.host or _host_address()
+        port = self.port or _free_port(host)
+        config = NodeConfig(state_dir=self.state_dir, backends=self.backends,
+                            warm_pool=self.warm_pool)
+        self.node = await NodeService.open(config)
+        app = create_app(LocalCluster(self.node), self.token, close_cluster=False)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                                    log_level="warning", access_log=False))
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.02)
+        self.url = f"http://{host}:{port}"
+        return self.node.node_id, self.url
+
+    async def endpoint(self) -> tuple[str, str]:
+        return self.node.node_id, self.url
+
+    async def load(self) -> NodeLoad:
+        return self.node.load()
+
+    async def shutdown(self, stop_sandboxes: bool = True) -> None:
+        """Stop serving; with ``stop_sandboxes`` also stop every sandbox and unmount layers."""
+        if self.server is not None:
+            self.server.should_exit = True
+            await self._task
+        if self.node is not None:
+            await self.node.close(stop_sandboxes=stop_sandboxes)
+            if stop_sandboxes:
+                images = getattr(self.node.backends.get("container"), "images", None)
+                if images is not None:
+                    images.unmount_all()
+
+
+def node_actor_class():
+    """The Ray actor class (built on first use so that importing dsec needs no Ray)."""
+    import ray
+    return ray.remote(num_cpus=0, max_concurrency=1000)(_NodeActor)
+
+
+def start_node_actor(state_dir: Path, token: str, backends: list[str] | None = None,
+                     resources: dict[str, float] | None = None, detached: bool = False,
+                     warm_pool: dict[str, int] | None = None) -> NodeEndpoint:
+    """Start a node agent on this machine (or where ``resources`` point) and wait for it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dsec.node.store import ensure_node_id
+    node_id = ensure_node_id(state_dir / "node.db")
+    opts: dict = {"name": PREFIX + node_id.removeprefix("node-"), "namespace": NAMESPACE,
+                  "get_if_exists": True}
+    if resources:
+        opts["resources"] = resources
+    else:
+        here = ray.get_runtime_context().get_node_id()
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
+    if detached:
+        opts["lifetime"] = "detached"
+    actor = node_actor_class().options(**opts).remote(str(state_dir), token,
+                                                      backends or ["container"], None, 0,
+                                                      warm_pool)
+    got_id, url = ray.get(actor.start.remote())
+    return NodeEndpoint(node_id=got_id, url=url, actor=actor)
+
+
+class RayCluster:
+    """The gateway's view of a Ray cluster's node agents."""
+
+    def __init__(self, refresh_s: float = 5.0) -> None:
+        self.refresh_s = refresh_s
+        self._nodes: dict[str, NodeEndpoint] = {}
+        self._seen = 0.0
+
+    async def endpoints(self, force: bool = False) -> dict[str, NodeEndpoint]:
+        """Node agents by short id, refreshed from Ray every ``refresh_s`` seconds."""
+        import time
+        if force or not self._nodes or time.monotonic() - self._seen > self.refresh_s:
+            self._nodes = await asyncio.to_thread(_discover)
+            self._seen = time.monotonic()
+        return self._nodes
+
+    async def endpoint_for(self, sb_id: str) -> NodeEndpoint:
+        short = node_short_of(sb_id)
+        nodes = await self.endpoints()
+        if short not in nodes:
+            nodes = await self.endpoints(force=True)
+        if short not in nodes:
+            raise NotFound(f"sandbox {sb_id} not found")
+        return nodes[short]
+
+    async def loads(self) -> list[tuple[NodeEndpoint, NodeLoad]]:
+        nodes = list((await self.endpoints()).values())
+        if not nodes:
+            raise Unavailable("no dsec node agents are registered in the Ray cluster")
+        results = await asyncio.gather(*(n.actor.load.remote() for n in nodes),
+                                       return_exceptions=True)
+        return [(n, r) for n, r in zip(nodes, results) if isinstance(r, NodeLoad)]
+
+
+def _discover() -> dict[str, NodeEndpoint]:
+    import ray
+    out = {}
+    for name in ray.util.list_named_actors(all_namespaces=True):
+        if isinstance(name, dict):
+            if name.get("namespace") != NAMESPACE:
+                continue
+            name = name["name"]
+        if not name.startswith(PREFIX):
+            continue
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            node_id, url = ray.get(actor.endpoint.remote(), timeout=10)
+        except Exception:  # a node that is going away; the next refresh drops it
+            continue
+        out[name.removeprefix(PREFIX)] = NodeEndpoint(node_id=node_id, url=url, actor=actor)
+    return out
+
+
+def ray_init(address: str | None) -> None:
+    """Connect this process to a Ray cluster (``auto`` or ``host:port``)."""
+    import ray
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                 namespace=NAMESPACE, log_to_driver=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m dsec.cluster.ray --address A --state-dir D --token T``: start this
+    machine's node agent as a detached actor in the Ray cluster, then exit."""
+    import argparse
+    p = argparse.ArgumentParser(prog="dsec-node")
+    p.add_argument("--address", default=None, help="Ray address (default: auto)")
+    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/dsec"))
+    p.add_argument("--token", default=os.environ.get("DSEC_TOKEN"),
+                   help="the cluster's API token (the gateway's)")
+    p.add_argument("--backend", action="append", default=None)
+    a = p.parse_args(argv)
+    if not a.token:
+        p.error("--token (or DSEC_TOKEN) is required: nodes and gateways share one token")
+    ray_init(a.address)
+    ep = start_node_actor(a.state_dir, a.token, a.backend, detached=True)
+    print(f"dsec node {ep.node_id} serving at {ep.url}")
+
+
+if __name__ == "__main__":
+    main()
