@@ -411,7 +411,8 @@ static void handle(int conn) {
     char msg[32];
     snprintf(msg, sizeof msg, "%d", (int)pid);
     send_text(conn, 'P', msg);
-    int ok = sp.pty ? relay(conn, pid, master, master, master)
+    /* One fd for a pty: polled once, else the second read of the same readiness blocks. */
+    int ok = sp.pty ? relay(conn, pid, master, master, -1)
                     : relay(conn, pid, in_p[1], out_p[0], err_p[0]);
     if (ok == 0) linger(conn);
 }
