@@ -8,8 +8,11 @@ Workload (synthetic, documented so the figure can be judged): the registry holds
 a 48 MiB "OS" base layer (/usr/lib: 20 folders x 100 files of ~24 KiB, incompressible)
 and ten 7 MiB workspace layers (/work: 10 folders x 30 files); image i = busybox + base +
 workspace i. Sandbox s uses image s % 10 and, like an agent starting a shell and a test
-run, reads busybox whole, 2 of the 20 base folders (its "interpreter and stdlib") and
-folder s // 10 of its workspace. Each sandbox is an overlay with its own upper dir over the resolved layers.
+run, reads busybox whole and 2 of the 20 base folders (its "interpreter and stdlib"); in
+its workspace it reads, with ``--workload same`` (default: replicas of one task touch the
+same code), folders 0-2 plus one file picked by its replica number, and with
+``--workload spread`` (pessimistic: replicas touch disjoint code) folder s // 10, so the
+ten replicas of an image read all of its workspace between them. Each sandbox is an overlay with its own upper dir over the resolved layers.
 The store is on loopback, so times show the node's own costs, not a network's.
 
     .venv/bin/python benchmarks/bench_images_lazy.py [--quick]
@@ -47,7 +50,8 @@ def build_registry(root: pathlib.Path) -> tuple[ImageService, list[str]]:
     return reg, names
 
 
-def run_node(root: pathlib.Path, url: str, lazy: bool, names: list[str], sandboxes: int):
+def run_node(root: pathlib.Path, url: str, lazy: bool, names: list[str], sandboxes: int,
+             workload: str):
     node = ImageService(root, remote=RemoteConfig(url=url, lazy=lazy))
     latencies = []
     t_all = time.perf_counter()
@@ -59,7 +63,13 @@ def run_node(root: pathlib.Path, url: str, lazy: bool, names: list[str], sandbox
                 files = [m / "bin/busybox"]
                 files += sorted((m / "usr/lib/d000").iterdir())
                 files += sorted((m / "usr/lib/d001").iterdir())
-                files += sorted((m / f"work/d{(s // IMAGES) % 10:03d}").iterdir())
+                replica = s // IMAGES
+                if workload == "spread":
+                    files += sorted((m / f"work/d{replica % 10:03d}").iterdir())
+                else:
+                    for d in range(3):
+                        files += sorted((m / f"work/d{d:03d}").iterdir())
+                    files.append(m / f"work/d{3 + replica % 7:03d}/f{replica % 30:04d}")
                 read_all(files)
             latencies.append(time.perf_counter() - t0)
         return node.bytes_fetched, latencies, time.perf_counter() - t_all
@@ -71,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20 sandboxes, 1 repetition")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workload", choices=["same", "spread"], default="same")
     args = ap.parse_args()
     sandboxes, reps = (20, 1) if args.quick else (100, args.reps)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-images-lazy-"))
@@ -82,7 +93,8 @@ def main() -> None:
         results = {}
         with serve(reg) as url:
             for lazy in (True, False):
-                runs = [run_node(tmp / f"node-{lazy}-{k}", url, lazy, names, sandboxes)
+                runs = [run_node(tmp / f"node-{lazy}-{k}", url, lazy, names, sandboxes,
+                                 args.workload)
                         for k in range(reps)]
                 results[lazy] = (median(r[0] for r in runs),
                                  median(x for r in runs for x in r[1]),
@@ -96,7 +108,7 @@ def main() -> None:
                          f"{total:6.2f} s"])
         table(f"{sandboxes} sandboxes, {IMAGES} images sharing a base; images total "
               f"{mib(images_total).strip()}, distinct layers {mib(unique).strip()} "
-              f"(median of {reps})",
+              f"(workload {args.workload!r}, median of {reps})",
               ["mode", "fetched", "of images' total", "of distinct layers",
                "median create+read", "all sandboxes"], rows)
     finally:
