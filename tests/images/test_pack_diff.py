@@ -102,3 +102,14 @@ def test_stacked_packs_build_on_each_other(svc, busybox, tmp_path):
     assert len(v2.lowerdirs) == 3
     with overlay(tmp_path, v2.lowerdirs, "three", writable=False) as (merged, _):
         assert not (merged / "f").exists() and (merged / "g").read_text() == "2"
+
+
+def test_userxattr_overlay_markers_are_packed_in_trusted_form(svc, busybox, tmp_path):
+    upper = tmp_path / "upper"
+    (upper / "etc").mkdir(parents=True)
+    os.setxattr(upper / "etc", "user.overlay.opaque", b"y")
+    os.setxattr(upper / "etc", "user.overlay.impure", b"y")
+    (upper / "etc/motd").write_text("hi")
+    svc.pack_diff(upper, "ws/ux:v1", svc.resolve("busybox"))
+    top = svc.resolve("ws/ux:v1").lowerdirs[0]
+    assert os.listxattr(top / "etc") == [OPAQUE_XATTR]

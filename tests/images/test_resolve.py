@@ -173,3 +173,14 @@ def test_layers_use_direct_io_so_pages_are_cached_once(svc, busybox):
     point = str(svc.resolve("busybox").lowerdirs[0])
     line = next(line for line in open("/proc/self/mountinfo") if line.split()[4] == point)
     assert "directio" in line.split(" - ", 1)[1]
+
+
+def test_blob_corrupted_after_a_first_mount_is_refused_on_the_next(svc, busybox, tmp_path):
+    digest = svc.resolve("busybox").layer_digests[0]
+    svc.unmount_all()
+    with open(svc.store.blob_path(digest), "r+b") as f:
+        f.seek(8192)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(CorruptBlob):
+        svc.resolve("busybox")
+    assert mounts_under(tmp_path) == []

@@ -21,6 +21,7 @@ __all__ = ["stage_upper", "excluded", "copy_entry", "copy_meta"]
 
 # Layers made with these overlay features depend on the exact lower layers of one node.
 _UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
+_USER_PREFIX = "user.overlay."
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -38,13 +39,16 @@ def excluded(rel: str, patterns: list[str]) -> bool:
 
 def _copy_xattrs(src: str, dst: str) -> None:
     for name in os.listxattr(src, follow_symlinks=False):
-        if name.startswith(_UNSUPPORTED):
+        # An overlay mounted with 'userxattr' keeps its markers under user.overlay.*;
+        # layers always carry the trusted.* form the node's root overlay reads.
+        generic = "trusted." + name[len("user."):] if name.startswith(_USER_PREFIX) else name
+        if generic.startswith(_UNSUPPORTED):
             raise InvalidArgument(
                 f"{src} carries {name}: mount the sandbox overlay with redirect_dir=off "
                 f"and metacopy=off to pack it")
-        if name.startswith(OVERLAY_XATTR_PREFIX) and name != OPAQUE_XATTR:
+        if generic.startswith(OVERLAY_XATTR_PREFIX) and generic != OPAQUE_XATTR:
             continue
-        os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
+        os.setxattr(dst, generic, os.getxattr(src, name, follow_symlinks=False),
                     follow_symlinks=False)
 
 

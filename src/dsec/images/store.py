@@ -66,6 +66,7 @@ class LocalStore:
         self.tags_dir = self.root / "tags"
         self.tmp = self.root / "tmp"
         self.layer_index = self.root / "layers"
+        self._verified: dict[str, tuple[int, int, int]] = {}
         for d in (self.blobs, self.manifests, self.tags_dir, self.tmp, self.layer_index):
             d.mkdir(parents=True, exist_ok=True)
 
@@ -92,14 +93,24 @@ class LocalStore:
         return LayerRef(digest=digest, size=size, chunks=table_digest(table))
 
     def verify_blob(self, digest: str) -> pathlib.Path:
-        """Return the blob's path after checking its bytes hash to ``digest``."""
+        """Return the blob's path after checking its bytes hash to ``digest``.
+
+        A blob this process verified and that has not changed since (same inode, size
+        and mtime) is not hashed again.
+        """
         path = self.blob_path(digest)
-        if not path.is_file():
-            raise NotFound(f"layer {digest} is not in the store at {self.blobs}")
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise NotFound(f"layer {digest} is not in the store at {self.blobs}") from None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._verified.get(digest) == stamp:
+            return path
         actual = sha256_file(path)
         if actual != digest:
             raise CorruptBlob(f"layer {digest} is corrupted: its bytes hash to {actual}; "
                               f"refusing to use it. Delete {path} and fetch or rebuild it.")
+        self._verified[digest] = stamp
         return path
 
     def blob_digests(self) -> set[str]:
