@@ -43,7 +43,8 @@ def build_tarball(dest: pathlib.Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(".partial.tar")
     cmd = ["mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
-           f"--include={','.join(PACKAGES)}", "--skip=output/dev", "--aptopt=Acquire::Retries \"3\""]
+           f"--include={','.join(PACKAGES)}", "--skip=output/dev",
+           '--aptopt=Acquire::Retries "3"']
     cmd += [f"--dpkgopt=path-exclude={p}" for p in EXCLUDES]
     # /usr/share/doc copyright files are kept by convention in Debian images
     cmd += ["--dpkgopt=path-include=/usr/share/doc/*/copyright",
@@ -75,6 +76,7 @@ def import_into(state_dir: pathlib.Path, tarball: pathlib.Path) -> str:
         # unpack as root with tar (keeps owners, modes, xattrs), then import the directory
         subprocess.run(["tar", "-xf", str(tarball), "-C", str(root), "--numeric-owner",
                         "--xattrs", "--xattrs-include=*"], check=True)
+        (root / "dev").mkdir(mode=0o755, exist_ok=True)  # a mount point; nodes are skipped
         info = svc.import_rootfs(root, tag=TAGS[0], config=config)
     for extra in TAGS[1:]:
         svc.tag(extra, TAGS[0])

@@ -220,6 +220,16 @@ async def test_disk_limit(fc):
     assert int(out.stdout.split()[1]) <= 16
 
 
-async def test_image_without_python_is_refused_clearly(fc):
+async def test_busybox_runs_sh_with_the_same_isolation(fc):
+    out = await fc.fncall('read x; echo "got $x" > out.txt; id -u; sleep 500 &', language="sh",
+                          image="busybox", stdin="7\n", return_files=["out.txt"], memory_mb=208)
+    assert out.exit_code == 0 and out.files == {"out.txt": b"got 7\n"}, out
+    assert int(out.stdout) >= 200_000  # the worker's own unprivileged uid
+    probe = "ls -A . /tmp; ps -o comm | grep -c sleep"
+    nxt = await same_worker(fc, out, probe, 208, language="sh", image="busybox")
+    assert nxt.stdout.split() == [".:", "main.sh", "/tmp:", "0"], nxt
+    hang = await fc.fncall("sleep 600", language="sh", image="busybox", timeout=1,
+                           memory_mb=208)
+    assert hang.timed_out
     with pytest.raises(dsec.Unsupported, match="no python3"):
-        await fc.fncall("echo hi", language="sh", image="busybox")
+        await fc.fncall("print(1)", image="busybox")

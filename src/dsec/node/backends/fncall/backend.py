@@ -81,7 +81,12 @@ class FncallBackend:
         pool = self.pool((req.image, req.memory_mb, req.disk_mb))
         worker = await pool.acquire()
         try:
+            why = worker.supports(req)
+            if why is not None:
+                raise Unsupported(why)
             return await worker.call(req)
+        except Unsupported:
+            raise
         except BaseException:
             worker.healthy = False
             raise

@@ -376,7 +376,7 @@ def main():
     sys.path.insert(0, "/.dsec/py")
     loaded = _preload(extra)
     try:
-        import cloudpickle  # noqa: F401  (warm for callables)
+        __import__("cloudpickle")  # warm for callables
         loaded.append("cloudpickle")
     except Exception:
         pass

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from dsec.api.errors import DSecError, Internal, Unsupported
+from dsec.api.errors import DSecError, Internal
 from dsec.api.fncall import FnCallRequest, FnCallResult, RemoteErrorInfo
 from dsec.api.models import SandboxSpec
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
@@ -88,18 +88,22 @@ class Worker:
         w = cls(containers, rec, uid)
         try:
             rec.runtime = await containers.start(rec)
+            root = containers.sandbox_dir(rec.id) / "rootfs"
+            if not any(os.path.lexists(root / p) for p in ("usr/bin/python3",
+                                                           "usr/local/bin/python3")):
+                from dsec.node.backends.fncall.shell import ShellWorker
+                w = ShellWorker(containers, rec, uid)
             await asyncio.wait_for(w._start_server(preload), START_TIMEOUT_S)
         except BaseException:
             await w.stop()
             raise
         return w
 
+    def supports(self, req: FnCallRequest) -> str | None:
+        """Why this worker cannot run ``req``, or None."""
+        return None
+
     async def _start_server(self, preload: tuple[str, ...]) -> None:
-        root = self.containers.sandbox_dir(self.id) / "rootfs"
-        if not any(os.path.lexists(root / p) for p in ("usr/bin/python3",
-                                                       "usr/local/bin/python3")):
-            raise Unsupported(f"image {self.rec.spec.image!r} has no python3; the fncall "
-                              "backend needs one (try image='python:3.11')")
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "LANG": "C.UTF-8"}
         argv = ["python3", "-I", "-B", "/.dsec/fn/server.py", str(self.uid), ",".join(preload)]
