@@ -3,7 +3,8 @@
 ``/dev/kvm`` existing proves little: under nested virtualisation it can open and then never
 run a guest. So the probe boots the real guest kernel with ``dsec.bare=1`` (print a marker,
 power off) under KVM with a short timeout; no marker means TCG. The answer is cached in
-``<state>/microvm/accel.json`` keyed by host kernel and QEMU binary, so a node probes once.
+``accel.json`` in the given cache directory, keyed by host kernel and QEMU binary, so a
+node probes once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from dsec.node.backends.microvm.guest import GuestArtifacts
+from dsec.node.backends.microvm.qemu import base_kernel_words
 
 __all__ = ["detect_accel", "BARE_MARKER"]
 
@@ -28,7 +30,7 @@ def bare_boot_argv(qemu: str, art: GuestArtifacts, accel: Accel) -> list[str]:
             "-cpu", "host" if accel == "kvm" else "max", "-m", "128", "-smp", "1",
             "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
             "-no-reboot", "-kernel", str(art.kernel), "-initrd", str(art.initrd),
-            "-append", "console=ttyS0 quiet panic=-1 dsec.bare=1"]
+            "-append", " ".join([*base_kernel_words(accel), "dsec.bare=1"])]
 
 
 async def bare_boot(qemu: str, art: GuestArtifacts, accel: Accel, timeout: float) -> bool:
@@ -49,10 +51,10 @@ def _cache_key(qemu: str) -> str:
     return f"{os.uname().release}|{qemu}"
 
 
-async def detect_accel(state_dir: Path, qemu: str, art: GuestArtifacts,
+async def detect_accel(cache_dir: Path, qemu: str, art: GuestArtifacts,
                        timeout: float = 15.0) -> Accel:
     """``"kvm"`` if a KVM guest really boots on this node, else ``"tcg"``; cached."""
-    cache = Path(state_dir) / "microvm" / "accel.json"
+    cache = Path(cache_dir) / "accel.json"
     try:
         saved = json.loads(cache.read_text())
         if saved.get("key") == _cache_key(qemu) and saved.get("accel") in ("kvm", "tcg"):

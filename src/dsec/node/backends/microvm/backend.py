@@ -15,6 +15,7 @@ and runs the dsec-agent; the node reaches it by loopback TCP through QEMU user n
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import shutil
 import socket
@@ -23,6 +24,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.api.errors import Unsupported
+from dsec.api.models import SandboxSpec
 from dsec.node.agent.client import AgentConnector
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm import accel as accel_mod
@@ -52,8 +55,12 @@ class MicroVMConfig(BaseModel):
     console_log_bytes: int = Field(1 << 20, ge=4096, description="cap of console.log")
     ksm: bool = Field(True, description="turn on the host's KSM so guests share equal pages")
     pause_to_disk: bool = Field(False, description="pause saves the guest to disk, ends QEMU")
-    guest_dir: Path | None = Field(None, description="guest kernel/initramfs cache; "
-                                                     "default <state>/microvm/guest")
+    warm_start: bool = Field(False, description="start sandboxes as clones of a saved, booted "
+                                                "template per image and size (booted once)")
+    guest_dir: Path | None = Field(None, description="guest kernel/initramfs cache (and the "
+                                                     "KVM probe's answer); default "
+                                                     "<state>/microvm/guest")
+    kernel_args: str = Field("", description="extra guest kernel command line words")
 
 
 class MicroVMBackend:
@@ -70,6 +77,7 @@ class MicroVMBackend:
         self.config = config or MicroVMConfig()
         self._art: GuestArtifacts | None = None
         self._accel: str | None = None if self.config.accel == "auto" else self.config.accel
+        self._template_lock = asyncio.Lock()
         if self.config.ksm:
             enable_ksm()
 
@@ -77,32 +85,40 @@ class MicroVMBackend:
     def sandbox_dir(self, sb_id: str) -> Path:
         return self.state_dir / "sandboxes" / sb_id
 
+    @property
+    def guest_dir(self) -> Path:
+        return self.config.guest_dir or self.state_dir / "microvm" / "guest"
+
     async def artifacts(self) -> GuestArtifacts:
         """The guest kernel and initramfs, built on first use."""
         if self._art is None:
-            out = self.config.guest_dir or self.state_dir / "microvm" / "guest"
-            self._art = await asyncio.to_thread(ensure_guest, out, self.agent_binary)
+            self._art = await asyncio.to_thread(ensure_guest, self.guest_dir, self.agent_binary)
         return self._art
 
     async def accel(self) -> str:
         """``kvm`` or ``tcg`` for this node (probed once, then cached on disk)."""
         if self._accel is None:
-            self._accel = await accel_mod.detect_accel(self.state_dir, self.config.qemu,
+            self._accel = await accel_mod.detect_accel(self.guest_dir, self.config.qemu,
                                                        await self.artifacts())
         return self._accel
 
-    async def launch_spec(self, rec: SandboxRecord, d: Path) -> tuple[LaunchSpec, dict]:
-        """The machine for ``rec``'s spec and the image facts the node keeps."""
+    async def launch_spec(self, s: SandboxSpec, d: Path,
+                          hostname: str) -> tuple[LaunchSpec, dict]:
+        """The machine for sandbox spec ``s`` and the image facts the node keeps."""
+        if s.network != "none":
+            # QEMU user networking can only allow everything or nothing; named egress
+            # permissions would need the guest's traffic routed through the node's policy.
+            raise Unsupported(f"network permissions are not available on {self.name} "
+                              f"sandboxes yet; use network='none'")
         art = await self.artifacts()
-        s = rec.spec
         resolved = await asyncio.to_thread(self.images.resolve, s.image, s.layers)
         blobs = [self.images.store.blob_path(dg) for dg in resolved.layer_digests]
         spec = LaunchSpec(
             qemu=self.config.qemu, machine="microvm", accel=await self.accel(),
             memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), kernel=art.kernel,
             initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
-            agent_port=self.config.agent_port, hostname=_hostname(rec.id),
-            network=s.network != "none")
+            agent_port=self.config.agent_port, hostname=hostname,
+            cmdline=self.config.kernel_args)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                  "image_user": resolved.config.user or "root",
                  "layer_digests": list(resolved.layer_digests)}
@@ -114,19 +130,56 @@ class MicroVMBackend:
         d.mkdir(parents=True, exist_ok=True)
         (d / "backend").write_text(self.name)
         try:
-            spec, facts = await self.launch_spec(rec, d)
-            await asyncio.to_thread(make_scratch, d / "rw.img", rec.spec.disk_mb)
-            await self._boot(spec)
+            spec, facts = await self.launch_spec(rec.spec, d, _hostname(rec.id))
+            if self.config.warm_start:
+                template = await self.ensure_template(rec.spec)
+                await snapshot.clone(template, d, spec.hostname)
+            else:
+                await self._boot(spec, rec.spec.disk_mb)
         except BaseException:
             await self.stop(rec)
             raise
-        return {"dir": str(d), "accel": spec.accel, **facts}
+        return {"dir": str(d), "accel": spec.accel, "warm": self.config.warm_start, **facts}
 
-    async def _boot(self, spec: LaunchSpec) -> LaunchSpec:
+    async def _boot(self, spec: LaunchSpec, disk_mb: int) -> LaunchSpec:
+        await asyncio.to_thread(make_scratch, spec.workdir / "rw.img", disk_mb)
         spec = await launch(spec)
         save_launch(spec)
         await wait_ready(spec.workdir, self.config.boot_timeout_s)
         return spec
+
+    async def ensure_template(self, s: SandboxSpec) -> Path:
+        """A booted, saved guest for ``s``'s image and machine size, made once per node.
+
+        Clones restore its RAM and put a copy-on-write disk over its frozen disk."""
+        root = self.state_dir / "microvm" / "templates"
+        probe, _ = await self.launch_spec(s, root, "dsec-template")
+        key = template_key(probe, s.disk_mb)
+        tdir = root / key
+        if snapshot.saved_path(tdir).exists():
+            return tdir
+        async with self._template_lock:
+            if snapshot.saved_path(tdir).exists():
+                return tdir
+            await kill_qemu(tdir)  # a template half made when the node died
+            await asyncio.to_thread(shutil.rmtree, tdir, True)
+            tdir.mkdir(parents=True)
+            try:
+                # The template's paths are its final ones: clones' qcow2 files name its disk.
+                spec = probe.model_copy(update={"workdir": tdir, "scratch": tdir / "rw.img"})
+                await self._boot(spec, s.disk_mb)
+                await snapshot.save(tdir)
+                (tdir / "rw.img").chmod(0o444)
+            except BaseException:
+                await kill_qemu(tdir)
+                await asyncio.to_thread(shutil.rmtree, tdir, True)
+                raise
+        return tdir
+
+    async def drop_templates(self) -> None:
+        """Remove every saved template (live clones keep their own disk's backing file
+        open, but new clones of a dropped template boot it again)."""
+        await asyncio.to_thread(shutil.rmtree, self.state_dir / "microvm" / "templates", True)
 
     async def stop(self, rec: SandboxRecord) -> None:
         d = self.sandbox_dir(rec.id)
@@ -181,6 +234,14 @@ class MicroVMBackend:
     def console(self, rec: SandboxRecord) -> str:
         """The guest's serial console so far (capped), for debugging."""
         return console_tail(self.sandbox_dir(rec.id), self.config.console_log_bytes)
+
+
+def template_key(spec: LaunchSpec, disk_mb: int) -> str:
+    """What a clone must share with its template: layers, machine size, kernel, accel."""
+    parts = [str(p) for p in spec.layers] + [
+        str(spec.memory_mb), str(spec.vcpus), str(disk_mb), str(spec.network), spec.accel,
+        str(spec.kernel), str(spec.initrd), str(spec.agent_port)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _hostname(sb_id: str) -> str:

@@ -12,7 +12,9 @@ ending it, so the node can still read the console and report why.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Capacity, Internal
 
-__all__ = ["LaunchSpec", "qemu_argv", "launch", "free_port", "pid_alive", "kill_qemu",
+__all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch", "free_port", "pid_alive", "kill_qemu",
            "read_pid"]
 
 GUEST_NET = "10.0.2.15"
@@ -66,6 +68,36 @@ class LaunchSpec(BaseModel):
         return self.workdir / "qemu.pid"
 
 
+@functools.cache
+def host_tsc_khz() -> int | None:
+    """The host's TSC rate in kHz, as well as it can be read without privileges.
+
+    Under TCG a guest's TSC is the host's; a loaded host makes the guest's own calibration
+    against its emulated PIT fail (and the boot then hangs), so the rate is handed over."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/tsc_freq_khz").read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^model name\s*:.*@\s*([0-9.]+)GHz", info, re.M)
+    if m:
+        return int(float(m.group(1)) * 1e6)
+    m = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", info, re.M)
+    return int(float(m.group(1)) * 1000) if m else None
+
+
+def base_kernel_words(accel: str) -> list[str]:
+    """Kernel command line words every dsec guest boots with."""
+    words = ["console=ttyS0", "quiet", "panic=-1", "oops=panic"]
+    khz = host_tsc_khz() if accel == "tcg" else None
+    if khz:
+        words += [f"tsc_early_khz={khz}", "tsc=reliable"]
+    return words
+
+
 def _drive(i: str, path: Path, ro: bool, serial: str, machine: str, fmt: str = "raw") -> list[str]:
     dev = "virtio-blk-device" if machine == "microvm" else "virtio-blk-pci"
     ro_opt = ",readonly=on" if ro else ""
@@ -89,7 +121,7 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
             "-sandbox", "on,obsolete=deny,resourcecontrol=deny"]
     argv += ["-vga", "std", "-display", "none"] if spec.display else ["-display", "none"]
     if spec.kernel is not None:
-        words = ["console=ttyS0", "quiet", "panic=-1", "oops=panic", f"dsec.layers={len(spec.layers)}",
+        words = [*base_kernel_words(spec.accel), f"dsec.layers={len(spec.layers)}",
                  f"dsec.port={spec.agent_port}", f"dsec.host={spec.hostname}", spec.cmdline]
         argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd),
                  "-append", " ".join(w for w in words if w)]

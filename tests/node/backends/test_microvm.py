@@ -1,0 +1,233 @@
+"""The microvm backend with real QEMU guests (TCG here: each boot costs seconds, so one
+guest is shared by the tests of this module that do not end it)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from dsec.api.errors import Internal, SandboxTimeout, Unsupported
+from dsec.api.models import SandboxSpec
+from dsec.images import ImageService
+from dsec.node.agent.client import AgentProcess, SpawnRequest, ping
+from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
+from dsec.node.backends.microvm.qemu import read_pid
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
+
+GUEST_DIR = Path(__file__).resolve().parents[3] / "build" / "guest"
+
+
+def record(sb_id: str, **spec) -> SandboxRecord:
+    now = time.time()
+    return SandboxRecord(id=sb_id, spec=SandboxSpec(backend="microvm", **spec),
+                         state="creating", created_at=now, last_active_at=now)
+
+
+async def run(backend, rec, script: str, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+    proc = await AgentProcess.start(backend.connector(rec), SpawnRequest(
+        argv=["sh", "-c", script], env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}))
+    if stdin:
+        proc.write_stdin(stdin)
+    proc.close_stdin()
+    out, err = b"", b""
+    while True:
+        kind, data = await proc.next_event()
+        if kind == "exit":
+            return proc.exit_code, out, err
+        if kind == "stdout":
+            out += data
+        else:
+            err += data
+
+
+def qemu_pids_under(root: Path) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if str(root).encode() in (p / "cmdline").read_bytes():
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    root = tmp_path_factory.mktemp("microvm")
+    images = ImageService(root)
+    images.ensure_busybox()
+    yield root, images
+    images.unmount_all()
+    assert not qemu_pids_under(root), "QEMU processes left behind"
+    left = list((root / "sandboxes").iterdir()) if (root / "sandboxes").exists() else []
+    assert not left, f"sandbox files left behind: {left}"
+
+
+def make_backend(state, **cfg) -> MicroVMBackend:
+    root, images = state
+    return MicroVMBackend(root, images, config=MicroVMConfig(guest_dir=GUEST_DIR, **cfg))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def guest(state):
+    backend = make_backend(state, console_log_bytes=16384)
+    rec = record("sb-mvshared", memory_mb=192)
+    rec.runtime = await backend.start(rec)
+    yield backend, rec
+    await backend.stop(rec)
+
+
+async def test_backend_satisfies_protocol(state):
+    assert isinstance(make_backend(state), Backend)
+
+
+async def test_exec_runs_in_the_guest_kernel(guest):
+    backend, rec = guest
+    code, out, err = await run(backend, rec, "uname -r; hostname; echo oops >&2; exit 3")
+    kernel, hostname = out.decode().split()
+    assert code == 3 and err == b"oops\n"
+    assert kernel != os.uname().release and hostname == "sb-mvshared"
+    assert await backend.alive(rec)
+
+
+async def test_memory_limit_is_the_guest_ram(guest):
+    backend, rec = guest
+    _, out, _ = await run(backend, rec, "grep MemTotal /proc/meminfo")
+    assert int(out.split()[1]) <= 192 * 1024
+    assert 0 < backend.memory_bytes(rec) < 400 << 20
+
+
+async def test_guest_cannot_reach_the_host_network(guest):
+    backend, rec = guest
+    hits = []
+    server = await asyncio.start_server(lambda r, w: (hits.append(1), w.close()),
+                                        "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        # 10.0.2.2 is the host's loopback as QEMU user networking shows it, unless restricted.
+        code, _, _ = await run(backend, rec, f"echo hi | nc -w 3 10.0.2.2 {port}")
+    finally:
+        server.close()
+    assert code != 0 and hits == []
+
+
+async def test_files_roundtrip(guest):
+    backend, rec = guest
+    files = backend.files(rec)
+    await asyncio.to_thread(files.mkdir, "/work/sub")
+    with files.open_write("/work/sub/a.txt", 0o600) as f:
+        f.write(b"payload " * 1000)
+    assert files.open_read("/work/sub/a.txt").read() == b"payload " * 1000
+    info = files.stat("/work/sub/a.txt")
+    assert (info.type, info.size, info.mode) == ("file", 8000, 0o600)
+    assert [e.name for e in files.list("/work")] == ["sub"]
+    tar = tarfile.open(fileobj=io.BytesIO(b"".join(files.tar_out("/work/sub"))))
+    assert tar.getnames() == ["sub", "sub/a.txt"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        data = b"from tar"
+        ti = tarfile.TarInfo("b.txt")
+        ti.size = len(data)
+        t.addfile(ti, io.BytesIO(data))
+    buf.seek(0)
+    files.tar_in("/work/up", buf, 1 << 20)
+    assert files.open_read("/work/up/b.txt").read() == b"from tar"
+    files.remove("/work", recursive=True)
+    with pytest.raises(Exception, match="no such file"):
+        files.stat("/work")
+
+
+async def test_pause_stops_the_guest_and_resume_continues(guest):
+    backend, rec = guest
+    await run(backend, rec, "sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+    await backend.pause(rec)
+    assert not await ping(backend.connector(rec), timeout=1.0)
+    await backend.resume(rec)
+    code, _, _ = await run(backend, rec, "kill -0 $(cat /tmp/sleeper)")
+    assert code == 0
+
+
+async def test_pause_to_disk_ends_qemu_and_restore_keeps_processes(guest):
+    backend, rec = guest
+    d = backend.sandbox_dir(rec.id)
+    await run(backend, rec, "echo kept > /tmp/kept; sleep 1000 >/dev/null 2>&1 & "
+                            "echo $! > /tmp/sleeper2")
+    backend.config.pause_to_disk = True
+    try:
+        await backend.pause(rec)
+        assert read_pid(d) is None and (d / "saved.mig").exists()
+        assert await backend.alive(rec)
+        await backend.resume(rec)
+    finally:
+        backend.config.pause_to_disk = False
+    code, out, _ = await run(backend, rec, "cat /tmp/kept; kill -0 $(cat /tmp/sleeper2)")
+    assert (code, out) == (0, b"kept\n")
+    assert not (d / "saved.mig").exists()
+
+
+async def test_console_flood_stays_capped(guest):
+    backend, rec = guest
+    await run(backend, rec, "head -c 300000 /dev/zero | tr '\\0' x > /dev/ttyS0")
+    assert backend.oom_kills(rec) == 0  # drains the console
+    assert (backend.sandbox_dir(rec.id) / "console.log").stat().st_size <= 16384 + 64
+
+
+async def test_guest_oom_kill_is_counted(guest):
+    backend, rec = guest
+    before = backend.oom_kills(rec)
+    await run(backend, rec, "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}")
+    assert backend.oom_kills(rec) > before
+    assert await backend.alive(rec)
+
+
+async def test_network_permissions_are_unsupported(state):
+    backend = make_backend(state)
+    rec = record("sb-mvnet", network={"pypi": True})
+    with pytest.raises(Unsupported):
+        await backend.start(rec)
+    assert not backend.sandbox_dir(rec.id).exists()
+
+
+async def test_panicking_guest_fails_fast_and_leaves_nothing(state):
+    backend = make_backend(state, kernel_args="rdinit=/nonexistent")
+    rec = record("sb-mvpanic", memory_mb=128)
+    t0 = time.monotonic()
+    with pytest.raises(Internal, match="failed to boot"):
+        await backend.start(rec)
+    assert time.monotonic() - t0 < 60
+    assert not backend.sandbox_dir(rec.id).exists()
+
+
+async def test_silent_guest_times_out(state):
+    backend = make_backend(state, boot_timeout_s=1.0)
+    rec = record("sb-mvsilent", memory_mb=128)
+    with pytest.raises(SandboxTimeout, match="did not answer"):
+        await backend.start(rec)
+    assert not backend.sandbox_dir(rec.id).exists()
+
+
+async def test_clones_start_from_a_template_with_their_own_identity(state):
+    backend = make_backend(state, warm_start=True)
+    recs = [record(f"sb-mvclone{i}", memory_mb=128) for i in range(2)]
+    try:
+        for r in recs:
+            r.runtime = await backend.start(r)
+        await run(backend, recs[0], "echo mine > /only-here")
+        code0, out0, _ = await run(backend, recs[0], "hostname; cat /only-here")
+        code1, out1, _ = await run(backend, recs[1], "hostname; cat /only-here")
+        assert out0 == b"sb-mvclone0\nmine\n"
+        assert out1.startswith(b"sb-mvclone1\n") and code1 != 0
+    finally:
+        for r in recs:
+            await backend.stop(r)
+        await backend.drop_templates()
