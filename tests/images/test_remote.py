@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -197,3 +198,38 @@ def test_lazy_directory_knows_only_announced_layers(node):
         os.stat(node.root / "lazy" / ("ab" * 32))
     with pytest.raises(FileNotFoundError):
         os.stat(node.root / "lazy" / "not-a-digest")
+
+
+def test_pack_diff_on_a_lazy_node_pushes_only_the_new_layer(node, registry, tmp_path):
+    from .conftest import overlay
+    reg, url = registry
+    base = node.resolve("ws/big:v1")
+    with overlay(tmp_path, base.lowerdirs + node.resolve("busybox").lowerdirs, "sb") as (m, upper):
+        (m / "small").write_text("changed")
+        (m / "f0").unlink()
+        info = node.pack_diff(upper, "ws/big:v2", node.resolve("ws/big:v1", ["busybox"]))
+    before = set(reg.store.blob_digests())
+    assert node.push("ws/big:v2") == info.manifest_digest
+    assert set(reg.store.blob_digests()) - before == {info.digest}
+    other = ImageService(tmp_path / "other", remote=url)
+    try:
+        top = other.resolve("ws/big:v2")
+        with overlay(tmp_path, top.lowerdirs, "check", writable=False) as (m, _):
+            assert (m / "small").read_text() == "changed"
+            assert not (m / "f0").exists() and (m / "f1").exists()
+    finally:
+        other.unmount_all()
+
+
+def test_uploads_are_checked(registry):
+    reg, url = registry
+    with httpx.Client(base_url=url) as c:
+        r = c.put("/v1/blobs/sha256:" + "a" * 64, content=b"not that")
+        assert r.status_code == 400 and "hashes to" in r.json()["error"]["message"]
+        layer = {"digest": "sha256:" + "b" * 64, "size": 1}
+        body = json.dumps({"layers": [layer], "created": "2026-01-01T00:00:00Z"})
+        r = c.put("/v1/manifests/ws/x:v1", content=body)
+        assert r.status_code == 404 and "push the layer first" in r.json()["error"]["message"]
+        assert c.put("/v1/manifests/ws/x:v1", content=b"{}").status_code == 400
+        assert c.head("/v1/blobs/sha256:" + "a" * 64).status_code == 404
+    assert reg.store.get_tag("ws/x:v1") is None

@@ -9,17 +9,27 @@
   corrupted blob is refused here too (500, code ``internal``).
 - ``GET /v1/manifests/{name}``: the manifest JSON, byte for byte, by tag or digest; its
   digest in the ``Dsec-Content-Digest`` header.
+- ``HEAD /v1/blobs/{digest}``, ``PUT /v1/blobs/{digest}`` (body: the blob; refused unless
+  it hashes to ``digest``) and ``PUT /v1/manifests/{name}`` (refused unless every layer it
+  lists is present; tags ``name`` unless it is a digest): how a node pushes what it built.
+
+The router has no authentication of its own: the gateway includes it behind its bearer
+token dependency.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from dsec.api.errors import DSecError
+from dsec.api.errors import DSecError, InvalidArgument, NotFound
+from dsec.images.models import Manifest
+from dsec.images.refs import check_digest, is_digest
 from dsec.images.store import CorruptBlob, hash_blob
 
 if TYPE_CHECKING:
@@ -28,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["blob_router", "DIGEST_HEADER"]
 
 DIGEST_HEADER = "Dsec-Content-Digest"
+MAX_MANIFEST = 1 << 20
 
 
 def blob_router(svc: ImageService) -> APIRouter:
@@ -71,6 +82,54 @@ def blob_router(svc: ImageService) -> APIRouter:
         except DSecError as exc:
             return _error(exc)
         return Response(table, media_type="application/octet-stream")
+
+    @router.head("/v1/blobs/{digest}")
+    def head_blob(digest: str) -> Response:
+        try:
+            ok = svc.store.has_blob(digest)
+        except DSecError as exc:
+            return _error(exc)
+        return Response(status_code=200 if ok else 404)
+
+    @router.put("/v1/blobs/{digest}")
+    async def put_blob(digest: str, request: Request) -> Response:
+        try:
+            check_digest(digest)
+            tmp = svc.store.tempdir("upload-") / "blob"
+            try:
+                with open(tmp, "wb") as f:
+                    async for block in request.stream():
+                        f.write(block)
+                ref = await run_in_threadpool(svc.store.add_blob_file, tmp, digest)
+            finally:
+                shutil.rmtree(tmp.parent, ignore_errors=True)
+        except DSecError as exc:
+            return _error(exc)
+        return JSONResponse(ref.model_dump(), status_code=201)
+
+    @router.put("/v1/manifests/{name:path}")
+    async def put_manifest(name: str, request: Request) -> Response:
+        data = await request.body()
+        try:
+            if len(data) > MAX_MANIFEST:
+                raise InvalidArgument(f"manifest of {len(data)} bytes; at most {MAX_MANIFEST}")
+            try:
+                manifest = Manifest.model_validate_json(data)
+            except ValueError as exc:
+                raise InvalidArgument(f"not a dsec manifest: {exc}") from exc
+            for lr in manifest.layers:
+                if not svc.store.has_blob(lr.digest):
+                    raise NotFound(f"manifest names layer {lr.digest}, which is not here; "
+                                   f"push the layer first")
+            digest = svc.store.put_manifest_bytes(data)
+            if is_digest(name):
+                if name != digest:
+                    raise InvalidArgument(f"manifest hashes to {digest}, not {name}")
+            else:
+                svc.store.set_tag(name, digest)
+        except DSecError as exc:
+            return _error(exc)
+        return JSONResponse({"digest": digest}, status_code=201, headers={DIGEST_HEADER: digest})
 
     @router.get("/v1/manifests/{name:path}")
     def get_manifest(name: str) -> Response:

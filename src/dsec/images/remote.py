@@ -112,17 +112,7 @@ class RemoteStore:
         self.client.close()
 
     def _get(self, path: str, **kw) -> httpx.Response:
-        try:
-            r = self.client.get(path, **kw)
-        except httpx.HTTPError as exc:
-            raise Internal(f"remote layer store {self.url}: GET {path} failed: {exc}") from exc
-        if r.status_code >= 400:
-            try:
-                body = r.json()
-            except ValueError:
-                body = r.text
-            raise error_from_wire(body, r.status_code)
-        return r
+        return self._send("GET", path, **kw)
 
     def manifest(self, ref: str) -> tuple[str, bytes]:
         """(digest, JSON bytes) of the manifest ``ref`` names remotely, verified."""
@@ -173,6 +163,36 @@ class RemoteStore:
             out += piece
             pos += len(piece)
         return bytes(out)
+
+    def has_blob(self, digest: str) -> bool:
+        """True if the remote store holds the blob."""
+        try:
+            return self.client.head(f"/v1/blobs/{digest}").status_code == 200
+        except httpx.HTTPError as exc:
+            raise Internal(f"remote layer store {self.url}: HEAD failed: {exc}") from exc
+
+    def push_blob(self, digest: str, path: pathlib.Path) -> None:
+        """Upload a local blob (the server checks it hashes to ``digest``)."""
+        with open(path, "rb") as f:
+            self._send("PUT", f"/v1/blobs/{digest}", content=iter(lambda: f.read(1 << 20), b""))
+
+    def push_manifest(self, name: str, data: bytes) -> str:
+        """Upload manifest JSON and tag it ``name`` remotely; returns its digest."""
+        return self._send("PUT", f"/v1/manifests/{name}", content=data,
+                          headers={"Content-Type": "application/json"}).json()["digest"]
+
+    def _send(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            r = self.client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Internal(f"remote layer store {self.url}: {method} {path} failed: {exc}") from exc
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+            except ValueError:
+                body = r.text
+            raise error_from_wire(body, r.status_code)
+        return r
 
     def pull(self, digest: str, dest: pathlib.Path) -> int:
         """Download a whole blob to ``dest`` and verify it (the full-pull path)."""

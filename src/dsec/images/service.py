@@ -79,6 +79,22 @@ class ImageService:
         self.store.set_tag(ref, digest)
         return digest
 
+    def push(self, ref: str, tag: str | None = None) -> str:
+        """Upload image ``ref`` to the remote store, tagged ``tag`` (default: ``ref``).
+
+        Layers the store already has are skipped, so pushing a pack_diff of a lazily
+        loaded base uploads the new layer only. Returns the manifest digest.
+        """
+        remote = self.sources.remote
+        if remote is None:
+            raise NotFound(f"cannot push {ref!r}: no remote layer store is configured")
+        digest = self.manifest_digest(ref)
+        for lr in self.store.get_manifest(digest).layers:
+            if not remote.has_blob(lr.digest):
+                remote.push_blob(lr.digest, self.store.verify_blob(lr.digest))
+        name = normalize_ref(tag or ref)
+        return remote.push_manifest(name, self.store.manifest_bytes(digest))
+
     def manifest(self, ref: str) -> Manifest:
         """The manifest a reference names."""
         return self.store.get_manifest(self.manifest_digest(ref))

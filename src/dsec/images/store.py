@@ -21,7 +21,7 @@ import pathlib
 import tempfile
 import urllib.parse
 
-from dsec.api.errors import Internal, NotFound
+from dsec.api.errors import Internal, InvalidArgument, NotFound
 from dsec.images.models import LayerRef, Manifest
 from dsec.images.refs import check_digest, digest_hex, normalize_ref, tag_filename
 
@@ -79,9 +79,15 @@ class LocalStore:
         """True if the blob is present (not verified)."""
         return self.blob_path(digest).is_file()
 
-    def add_blob_file(self, path: pathlib.Path) -> LayerRef:
-        """Move a finished file into the store under its digest; returns its LayerRef."""
+    def add_blob_file(self, path: pathlib.Path, expect: str | None = None) -> LayerRef:
+        """Move a finished file into the store under its digest; returns its LayerRef.
+
+        With ``expect``, a file hashing to anything else is deleted and refused.
+        """
         digest, table = hash_blob(path)
+        if expect is not None and digest != expect:
+            path.unlink(missing_ok=True)
+            raise InvalidArgument(f"layer upload for {expect} hashes to {digest}; refused")
         size = path.stat().st_size
         dest = self.blob_path(digest)
         if dest.exists():
