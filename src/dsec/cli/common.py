@@ -1,0 +1,93 @@
+"""What every command shares: consoles, the error boundary, small parsers and formatters."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+import httpx
+import pydantic
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from dsec.api.errors import DSecError
+from dsec.sdk.client import default_url
+
+__all__ = ["out", "err", "fail", "cli_errors", "parse_labels", "age", "mib", "exit_status"]
+
+# Piped output keeps whole rows (for grep) instead of folding to 80 columns.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` as one red line on stderr and exit with ``code``."""
+    err.print(Text("error: " + " ".join(message.split()), style="red"), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def cli_errors(fn: F) -> F:
+    """Turn SDK and connection errors into one red line and exit status 1, never a trace."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DSecError as exc:
+            fail(exc.message or type(exc).__name__)
+        except pydantic.ValidationError as exc:  # the SDK checks arguments before sending
+            fail("; ".join(_validation_message(e) for e in exc.errors()))
+        except httpx.TransportError as exc:
+            fail(f"cannot reach the dsec server at {default_url()} ({type(exc).__name__}: "
+                 f"{exc}); start one with `dsec serve` or set DSEC_URL")
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def _validation_message(e: dict) -> str:
+    msg = str(e.get("msg", "")).removeprefix("Value error, ")
+    loc = ".".join(str(x) for x in e.get("loc", ()))
+    return msg if loc and msg.startswith(loc) else f"{loc}: {msg}" if loc else msg
+
+
+def parse_labels(items: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` into a dict; a malformed item is a usage error."""
+    labels: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"labels look like key=value; got {item!r}",
+                                     param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+def age(ts: float | None, now: float | None = None) -> str:
+    """A short human age: ``42s``, ``5m``, ``3h``, ``2d``."""
+    if ts is None:
+        return "-"
+    s = max(0, int((now or time.time()) - ts))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def mib(n_bytes: int) -> str:
+    """Bytes as a short size."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes} B"
+
+
+def exit_status(code: int) -> int:
+    """A command's exit code as a process exit status (unknown codes become 1)."""
+    return code if 0 <= code <= 255 else 1

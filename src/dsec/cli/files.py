@@ -1,0 +1,99 @@
+"""``dsec cp``: copy files and directories between this machine and a sandbox."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import dsec
+from dsec.api.errors import NotFound
+from dsec.cli.common import cli_errors, err, fail
+
+__all__ = ["cp", "split_remote"]
+
+# "ID:/path" names a sandbox path; anything else (including "./a:b") is local.
+_REMOTE = re.compile(r"^([A-Za-z0-9][\w.-]*):(.+)$")
+
+
+def split_remote(arg: str) -> tuple[str, str] | None:
+    """``("sb-…", "/path")`` for ``ID:/path``, else None for a local path."""
+    m = _REMOTE.match(arg)
+    return (m.group(1), m.group(2)) if m else None
+
+
+@cli_errors
+def cp(
+    src: Annotated[str, typer.Argument(help="local path or ID:/path")],
+    dst: Annotated[str, typer.Argument(help="local path or ID:/path")],
+) -> None:
+    """Copy a file or directory into or out of a sandbox.
+
+    As with ``cp -r``: when the destination is an existing directory, the source is copied
+    into it under its own name."""
+    remote_src, remote_dst = split_remote(src), split_remote(dst)
+    if (remote_src is None) == (remote_dst is None):
+        raise typer.BadParameter("exactly one of SRC and DST must be ID:/path")
+    with dsec.Client() as client:
+        if remote_dst is not None:
+            _upload(client, Path(src), *remote_dst)
+        else:
+            _download(client, *remote_src, Path(dst))  # type: ignore[misc]
+
+
+def _upload(client, local: Path, sb_id: str, path: str) -> None:
+    if not local.exists():
+        fail(f"{local}: no such file or directory")
+    files = client.get(sb_id).files
+    target = path
+    try:
+        if files.stat(path).type == "dir":
+            target = posixpath.join(path, local.name)
+    except NotFound:
+        pass
+    if local.is_dir():
+        files.mkdir(target)
+        n = files.upload_dir(local, target)
+        err.print(f"copied {local} to {sb_id}:{target} ({n} entries)")
+    else:
+        info = files.upload(local, target, mode=local.stat().st_mode & 0o7777)
+        err.print(f"copied {local} to {sb_id}:{target} ({info.size} bytes)")
+
+
+def _download(client, sb_id: str, path: str, local: Path) -> None:
+    files = client.get(sb_id).files
+    info = files.stat(path)
+    target = local / posixpath.basename(path.rstrip("/")) if local.is_dir() else local
+    if info.type == "dir":
+        n = _download_dir(files, path, target)
+        err.print(f"copied {sb_id}:{path} to {target} ({n} entries)")
+    else:
+        if not target.parent.is_dir():
+            fail(f"{target.parent}: no such directory")
+        n = files.download(path, target)
+        target.chmod(info.mode & 0o7777)
+        err.print(f"copied {sb_id}:{path} to {target} ({n} bytes)")
+
+
+def _download_dir(files, path: str, target: Path) -> int:
+    """Make ``target`` a copy of the sandbox directory ``path``.
+
+    The server's tar holds the directory under its own base name, so unpack next to
+    ``target`` and move that one entry into place."""
+    if target.exists():
+        fail(f"{target} already exists")
+    if not target.parent.is_dir():
+        fail(f"{target.parent}: no such directory")
+    staging = Path(tempfile.mkdtemp(prefix=".dsec-cp-", dir=target.parent))
+    try:
+        n = files.download_dir(path, staging)
+        top = posixpath.basename(path.rstrip("/"))
+        (staging / top if top else staging).rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return n

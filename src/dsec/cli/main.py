@@ -1,0 +1,34 @@
+"""The ``dsec`` command: a thin layer over the SDK (and the pty WebSocket for ``shell``).
+
+The server address and token come from DSEC_URL and DSEC_TOKEN, else from the local
+server's state directory ($DSEC_STATE_DIR, default /var/lib/dsec), as for the SDK.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from dsec.cli.demo import demo
+from dsec.cli.files import cp
+from dsec.cli.images import images, nodes
+from dsec.cli.sandboxes import create, exec_, ls, rm
+from dsec.cli.serve import serve
+from dsec.cli.shell import shell
+
+__all__ = ["app"]
+
+app = typer.Typer(name="dsec", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False,
+                  help="Elastic sandboxes for agentic RL: run `dsec serve`, then `dsec demo`.")
+
+app.command()(serve)
+app.command()(create)
+app.command()(ls)
+# Everything after the id belongs to the command, so `dsec exec ID ls -la` needs no `--`.
+app.command("exec", context_settings={"allow_interspersed_args": False})(exec_)
+app.command()(shell)
+app.command()(cp)
+app.command()(rm)
+app.command()(images)
+app.command()(nodes)
+app.command()(demo)

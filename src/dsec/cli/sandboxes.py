@@ -1,0 +1,202 @@
+"""``dsec create``, ``dsec ls``, ``dsec exec`` and ``dsec rm``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import dsec
+from dsec.api.errors import DSecError
+from dsec.api.models import SandboxInfo
+from dsec.cli.common import age, cli_errors, err, exit_status, fail, out, parse_labels
+
+__all__ = ["create", "ls", "exec_", "rm", "sandbox_table"]
+
+CREATE_CONCURRENCY = 16
+STATE_STYLE = {"running": "green", "paused": "yellow", "starting": "cyan", "failed": "red",
+               "stopped": "dim"}
+
+Labels = Annotated[list[str] | None, typer.Option("--label", "-l", metavar="KEY=VALUE",
+                                                  help="label (repeatable)")]
+
+
+@cli_errors
+def create(
+    image: Annotated[str, typer.Option(help="image name or tag")] = "busybox",
+    backend: Annotated[str, typer.Option(help="container, microvm, vm or fncall")] = "container",
+    cpu: Annotated[float, typer.Option(help="CPU cores")] = 1.0,
+    memory_mb: Annotated[int, typer.Option(help="memory limit in MiB")] = 512,
+    disk_mb: Annotated[int, typer.Option(help="writable layer limit in MiB")] = 1024,
+    ttl: Annotated[float, typer.Option(help="maximum life in seconds; 0 for none")] = 3600.0,
+    idle_ttl: Annotated[float, typer.Option(help="stop after this many idle seconds; 0 for "
+                                                 "never")] = 0.0,
+    job: Annotated[str | None, typer.Option(help="job the sandbox belongs to")] = None,
+    label: Labels = None,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, help="how many")] = 1,
+) -> None:
+    """Create sandboxes and print their ids, one per line."""
+    kwargs = dict(backend=backend, image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
+                  ttl_s=ttl or None, idle_ttl_s=idle_ttl or None, job=job,
+                  labels=parse_labels(label))
+    t0 = time.perf_counter()
+    made, errors = asyncio.run(_create_concurrently(count, kwargs))
+    for sb_id in made:
+        out.print(sb_id)
+    if errors:
+        if not made:
+            raise errors[0]
+        for e in sorted(set(errors), key=str):
+            err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        fail(f"{len(errors)} of {count} sandboxes could not be created")
+    if count > 1:
+        err.print(f"created {len(made)} sandboxes in {time.perf_counter() - t0:.2f}s")
+
+
+async def _create_concurrently(count: int, kwargs: dict) -> tuple[list[str], list[DSecError]]:
+    """Create ``count`` sandboxes, a few requests at a time, with a bar on stderr."""
+    made: list[str] = []
+    errors: list[DSecError] = []
+    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
+    async with dsec.AsyncClient() as client:
+        async def one() -> str:
+            async with gate:
+                return (await client.create(**kwargs)).id
+
+        progress = Progress(TextColumn("creating"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=True,
+                            disable=count == 1)
+        with progress:
+            bar = progress.add_task("create", total=count)
+            for fut in asyncio.as_completed([one() for _ in range(count)]):
+                try:
+                    made.append(await fut)
+                except DSecError as exc:
+                    errors.append(exc)
+                progress.advance(bar)
+    return made, errors
+
+
+@cli_errors
+def ls(
+    job: Annotated[str | None, typer.Option(help="only this job's sandboxes")] = None,
+    label: Labels = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print ids only")] = False,
+) -> None:
+    """List sandboxes."""
+    with dsec.Client() as client:
+        infos = client.list(job=job, labels=parse_labels(label))
+    if quiet:
+        for info in infos:
+            out.print(info.id)
+        return
+    if not infos:
+        err.print("no sandboxes")
+        return
+    out.print(sandbox_table(infos))
+
+
+def sandbox_table(infos: list[SandboxInfo]) -> Table:
+    table = Table(box=None, header_style="bold")
+    table.add_column("ID", no_wrap=True)
+    for name in ("BACKEND", "IMAGE", "STATE"):
+        table.add_column(name)
+    table.add_column("CPU", justify="right")
+    table.add_column("MEMORY", justify="right")
+    table.add_column("JOB")
+    table.add_column("AGE", justify="right")
+    now = time.time()
+    for i in sorted(infos, key=lambda i: i.created_at):
+        state = f"[{STATE_STYLE.get(i.state, '')}]{i.state}[/]"
+        table.add_row(i.id, i.backend, i.image, state, f"{i.cpu:g}", f"{i.memory_mb} MiB",
+                      i.job or "-", age(i.created_at, now))
+    return table
+
+
+@cli_errors
+def exec_(
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="sandbox id")],
+    cmd: Annotated[list[str], typer.Argument(metavar="-- CMD...",
+                                             help="one argument runs under /bin/sh -c; "
+                                                  "several run as an argv list")],
+    timeout: Annotated[float, typer.Option(help="seconds before the command is killed")] = 600.0,
+    workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="working dir")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", metavar="KEY=VALUE",
+                                                  help="environment (repeatable)")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="user or uid[:gid]")] = None,
+    stdin: Annotated[bool, typer.Option("--stdin", "-i", help="feed local stdin to the "
+                                                                "command")] = False,
+) -> None:
+    """Run a command, streaming its output; exit with its exit code."""
+    if cmd[0] == "--":  # interspersed args are off, so click hands the separator on
+        cmd = cmd[1:]
+    if not cmd:
+        raise typer.BadParameter("give the command after the id: dsec exec ID -- CMD...")
+    command: str | list[str] = cmd[0] if len(cmd) == 1 else cmd
+    data = sys.stdin.buffer.read() if stdin else None
+    result = None
+    with dsec.Client() as client:
+        sb = client.get(sandbox_id)
+        for ev in sb.exec_stream(command, cwd=workdir, env=parse_labels(env), user=user,
+                                 stdin=data, timeout=timeout):
+            if ev.type == "exit":
+                result = ev.result
+            else:
+                stream = sys.stdout if ev.type == "stdout" else sys.stderr
+                stream.write(ev.data)
+                stream.flush()
+    if result is None:
+        fail("the server ended the stream without an exit status")
+    if result.stdout_truncated or result.stderr_truncated:
+        err.print("[yellow]warning:[/] output was truncated at the size cap")
+    if result.timed_out:
+        fail(f"command timed out after {timeout:g}s and was killed", code=124)
+    if result.oom_killed:
+        err.print("[red]error:[/] command was killed: out of memory", soft_wrap=True)
+    raise typer.Exit(exit_status(result.exit_code))
+
+
+@cli_errors
+def rm(
+    ids: Annotated[list[str] | None, typer.Argument(metavar="[ID]...", help="sandbox ids")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="stop every sandbox")] = False,
+    job: Annotated[str | None, typer.Option(help="stop every sandbox of this job")] = None,
+) -> None:
+    """Stop sandboxes and remove everything they had."""
+    if not ids and not all_ and job is None:
+        raise typer.BadParameter("give sandbox ids, --job JOB or --all")
+    if ids and (all_ or job is not None):
+        raise typer.BadParameter("give either sandbox ids or --all/--job, not both")
+    if not ids:
+        with dsec.Client() as client:
+            n = client.stop_all(job=job)
+        err.print(f"stopped {n} sandbox{'es' if n != 1 else ''}")
+        return
+    failures = asyncio.run(_stop_ids(ids))
+    if len(ids) == 1 and failures:
+        fail(failures[0][1].message)
+    for sb_id, exc in failures:
+        err.print(f"[red]error:[/] {sb_id}: {exc.message}", soft_wrap=True)
+    if failures:
+        fail(f"{len(failures)} of {len(ids)} sandboxes could not be stopped")
+
+
+async def _stop_ids(ids: list[str]) -> list[tuple[str, DSecError]]:
+    async with dsec.AsyncClient() as client:
+        async def one(sb_id: str) -> None:
+            await (await client.get(sb_id)).stop()
+            out.print(sb_id)
+
+        results = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+    failures = []
+    for sb_id, res in zip(ids, results):
+        if isinstance(res, DSecError):
+            failures.append((sb_id, res))
+        elif isinstance(res, BaseException):
+            raise res
+    return failures

@@ -1,0 +1,49 @@
+"""``dsec serve``: run the embedded server (gateway and one node agent in one process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsec.cli.common import err
+
+__all__ = ["serve"]
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 7070,
+    state_dir: Annotated[Path | None, typer.Option(
+        help="node state (SQLite, layers, token); default $DSEC_STATE_DIR or /var/lib/dsec")
+    ] = None,
+    backend: Annotated[list[str] | None, typer.Option(
+        help="backend to enable (repeatable); default container")] = None,
+    warm_pool: Annotated[list[str] | None, typer.Option(
+        metavar="IMAGE=N", help="keep N started sandboxes of IMAGE ready (repeatable)")] = None,
+    ray: Annotated[str | None, typer.Option(
+        metavar="ADDRESS", help="be a gateway over a Ray cluster's nodes ('auto' ok)")] = None,
+) -> None:
+    """Run the dsec server on this machine until interrupted."""
+    from dsec.gateway.server import serve as run_server  # the server stack loads only here
+
+    if state_dir is not None:
+        err.print(f"dsec: clients find this server through DSEC_STATE_DIR={state_dir.resolve()}"
+                  " (or DSEC_URL and DSEC_TOKEN)")
+    err.print("dsec: once it serves, try `dsec demo` from another terminal")
+    try:
+        run_server(state_dir, host=host, port=port, backends=backend,
+                   warm_pool=_pool(warm_pool), ray_address=ray)
+    except KeyboardInterrupt:
+        pass
+
+
+def _pool(items: list[str] | None) -> dict[str, int]:
+    pool: dict[str, int] = {}
+    for item in items or []:
+        image, _, n = item.rpartition("=")
+        if not image or not n.isdigit():
+            raise typer.BadParameter(f"takes IMAGE=N; got {item!r}", param_hint="--warm-pool")
+        pool[image] = int(n)
+    return pool

@@ -1,0 +1,100 @@
+"""dsec create / ls / exec / rm against a real server."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.cli.conftest import DSEC, one_error_line
+
+
+def test_create_count_ls_and_rm_by_job(cli, job, sync_client):
+    r = cli("create", "--count", "3", "--job", job, "--label", "team=rl", "--memory-mb", "128",
+            "--cpu", "1")
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+    assert len(ids) == 3 and all(i.startswith("sb-") for i in ids)
+    assert {i.id for i in sync_client.list(job=job)} == set(ids)
+
+    table = cli("ls", "--job", job)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.split()[:8] == ["ID", "BACKEND", "IMAGE", "STATE", "CPU", "MEMORY",
+                                        "JOB", "AGE"]
+    rows = [ln.split() for ln in table.stdout.splitlines()[1:]]
+    assert {row[0] for row in rows} == set(ids)
+    for row in rows:
+        assert row[1:8] == ["container", "busybox", "running", "1", "128", "MiB", job]
+
+    assert set(cli("ls", "-q", "--label", "team=rl", "--job", job).stdout.split()) == set(ids)
+    assert cli("ls", "-q", "--label", "team=other", "--job", job).stdout.split() == []
+
+    r = cli("rm", "--job", job)
+    assert r.returncode == 0, r.stderr
+    assert "stopped 3 sandboxes" in r.stderr
+    assert sync_client.list(job=job) == []
+
+
+def test_rm_by_id(cli, sb, sync_client, job):
+    r = cli("rm", sb.id)
+    assert (r.returncode, r.stdout.split()) == (0, [sb.id])
+    assert sync_client.list(job=job) == []
+
+
+def test_bad_arguments_are_one_red_line(cli, job, sync_client):
+    r = cli("create", "--memory-mb", "4", "--job", job)
+    assert r.returncode == 1
+    assert "memory_mb must be between 16 and 65536; got 4" in one_error_line(r.stderr)
+    assert sync_client.list(job=job) == []
+
+
+def test_unknown_sandbox(cli):
+    for args in (["exec", "sb-00000000-000000000000", "--", "true"],
+                 ["rm", "sb-00000000-000000000000"]):
+        r = cli(*args)
+        assert r.returncode == 1
+        assert one_error_line(r.stderr) == "error: sandbox sb-00000000-000000000000 not found"
+
+
+def test_wrong_token_and_no_server(env, server):
+    from tests.cli.conftest import run_cli
+    from tests.support.server import free_port
+    r = run_cli({**env, "DSEC_TOKEN": "wrong"}, "ls")
+    assert r.returncode == 1
+    assert "bearer token" in one_error_line(r.stderr)
+    r = run_cli({**env, "DSEC_URL": f"http://127.0.0.1:{free_port()}"}, "ls")
+    assert r.returncode == 1
+    assert "cannot reach the dsec server" in one_error_line(r.stderr)
+
+
+def test_exec_streams_and_exit_code(cli, sb):
+    r = cli("exec", sb.id, "--", "echo hi; echo err >&2; exit 3")
+    assert (r.returncode, r.stdout, r.stderr) == (3, "hi\n", "err\n")
+    r = cli("exec", sb.id, "--", "sh", "-c", "echo $0-$1; exit 7", "a b", "c")
+    assert (r.returncode, r.stdout) == (7, "a b-c\n")
+    r = cli("exec", sb.id, "ls", "-d", "/etc")  # no `--` needed either
+    assert (r.returncode, r.stdout) == (0, "/etc\n")
+    assert cli("exec", sb.id, "--", "no-such-program").returncode == 127
+
+
+def test_exec_stdin_env_and_workdir(cli, sb):
+    r = cli("exec", "-i", "-e", "X=1", "-w", "/etc", sb.id, "--", "tr a-z A-Z; echo $X; pwd",
+            input="hello\n")
+    assert (r.returncode, r.stdout) == (0, "HELLO\n1\n/etc\n")
+
+
+def test_exec_timeout_exits_124(cli, sb):
+    r = cli("exec", "--timeout", "1", sb.id, "--", "echo started; sleep 60")
+    assert r.returncode == 124
+    assert r.stdout == "started\n"
+    assert "timed out after 1s" in one_error_line(r.stderr)
+
+
+def test_exec_output_arrives_while_the_command_runs(env, sb):
+    proc = subprocess.Popen([*DSEC, "exec", "--timeout", "60", sb.id, "--",
+                             "echo first; sleep 60"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "first\n"
+        assert proc.poll() is None  # still running: the line was streamed, not buffered
+    finally:
+        proc.kill()
+        proc.wait()
