@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -70,6 +71,7 @@ def state(tmp_path_factory):
     images.unmount_all()
     assert not qemu_pids_under(root), "QEMU processes left behind"
     left = list((root / "sandboxes").iterdir()) if (root / "sandboxes").exists() else []
+    shutil.rmtree(root)
     assert not left, f"sandbox files left behind: {left}"
 
 
