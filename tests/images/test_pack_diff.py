@@ -113,3 +113,21 @@ def test_userxattr_overlay_markers_are_packed_in_trusted_form(svc, busybox, tmp_
     svc.pack_diff(upper, "ws/ux:v1", svc.resolve("busybox"))
     top = svc.resolve("ws/ux:v1").lowerdirs[0]
     assert os.listxattr(top / "etc") == [OPAQUE_XATTR]
+
+
+def test_file_swapped_for_a_symlink_is_never_followed(tmp_path):
+    from dsec.images.stage import copy_entry
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only")
+    (upper / "f").write_text("sandbox")
+    st = os.lstat(upper / "f")
+    (upper / "f").unlink()
+    os.symlink(secret, upper / "f")  # the swap, after the walk saw a regular file
+
+    import dsec.images.stage as stage
+    assert stage._copy_regular(str(upper / "f"), str(tmp_path / "out"), st) is False
+    assert not (tmp_path / "out").exists()
+    assert copy_entry(str(upper / "f"), str(tmp_path / "out2"), {}) == 1
+    assert os.readlink(tmp_path / "out2") == str(secret)

@@ -103,6 +103,25 @@ def stage_upper(upper: pathlib.Path, dest: pathlib.Path, exclude: list[str] | No
     return count
 
 
+def _copy_regular(src: str, dst: str, st: os.stat_result) -> bool:
+    """Copy a regular file's bytes; False if ``src`` changed into anything else meanwhile.
+
+    The upper dir belongs to a sandbox: opening with O_NOFOLLOW and checking the inode
+    keeps a file swapped for a symlink (to a host path) from being read by the node.
+    """
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with open(fd, "rb") as fin:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False
+        with open(dst, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+    return True
+
+
 def copy_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
     """Copy one non-directory entry; returns 1 if copied, 0 if dropped (devices, sockets).
 
@@ -118,7 +137,8 @@ def copy_entry(src: str, dst: str, links: dict[tuple[int, int], str]) -> int:
             return 1
         links[(st.st_dev, st.st_ino)] = dst
     if stat.S_ISREG(mode):
-        shutil.copyfile(src, dst, follow_symlinks=False)
+        if not _copy_regular(src, dst, st):
+            return 0
     elif stat.S_ISLNK(mode):
         os.symlink(os.readlink(src), dst)
         copy_meta(src, dst, st, is_link=True)
