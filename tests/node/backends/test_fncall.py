@@ -7,6 +7,7 @@ worker id), so a leak would be seen.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -233,3 +234,46 @@ async def test_busybox_runs_sh_with_the_same_isolation(fc):
     assert hang.timed_out
     with pytest.raises(dsec.Unsupported, match="no python3"):
         await fc.fncall("print(1)", image="busybox")
+
+
+# ---- pools ----
+
+async def test_idle_pool_gives_its_workers_back(tmp_path):
+    from dsec.images import ImageService
+    from dsec.node.agent.build import ensure_agent
+    from dsec.node.backends.fncall import FncallBackend
+
+    images = ImageService(tmp_path)
+    images.ensure_busybox()
+    backend = FncallBackend(tmp_path, images, ensure_agent(tmp_path / "bin"), warm=1,
+                            idle_s=0.5)
+    try:
+        out = await backend.call(FnCallRequest(language="sh", code="echo hi", image="busybox"))
+        assert out.stdout == "hi\n"
+        assert (tmp_path / "sandboxes" / out.worker).is_dir()
+        for _ in range(100):
+            if not backend.pools:
+                break
+            await asyncio.sleep(0.1)
+        assert not backend.pools and not (tmp_path / "sandboxes" / out.worker).exists()
+    finally:
+        await backend.close()
+        left = leftovers(tmp_path)
+        images.unmount_all()
+    assert not left
+
+
+def test_workers_of_a_crashed_node_are_removed_on_restart(tmp_path):
+    import httpx
+    srv = ServerProcess(state_dir=tmp_path, backends=["container", "fncall"]).start()
+    try:
+        out = httpx.post(f"{srv.url}/v1/fncall", json={"language": "sh", "code": "echo hi",
+                                                        "image": "busybox"},
+                         headers={"authorization": f"Bearer {srv.token}"}, timeout=60).json()
+        assert out["stdout"] == "hi\n"
+        srv.kill()  # SIGKILL: the worker containers outlive it
+        assert leftovers(tmp_path), "the kill should have left the workers running"
+        srv.start()
+        assert not leftovers(tmp_path)
+    finally:
+        srv.destroy()

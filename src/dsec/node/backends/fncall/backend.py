@@ -32,6 +32,7 @@ import asyncio
 import itertools
 import os
 import shlex
+import time
 from pathlib import Path
 
 from dsec.api.errors import InvalidArgument, Unsupported
@@ -55,14 +56,16 @@ class FncallBackend:
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
                  max_workers: int | None = None, warm: int = 2,
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...] = (), idle_s: float = 300.0) -> None:
         self.images = images
         self.containers = WorkerContainers(state_dir, images, agent_binary)
         self.max_workers = max_workers or max(2, 2 * (os.cpu_count() or 1))
         self.warm = warm
         self.preload = preload
+        self.idle_s = idle_s
         self.pools: dict[WorkerKey, Pool] = {}
         self._uids = itertools.count()
+        self._janitor: asyncio.Task | None = None
 
     # ---- calls ----
     def pool(self, key: WorkerKey) -> Pool:
@@ -70,7 +73,20 @@ class FncallBackend:
         if pool is None:
             pool = Pool(key, lambda: self._start_worker(key), self.max_workers, self.warm)
             self.pools[key] = pool
+        if self._janitor is None:
+            self._janitor = asyncio.get_running_loop().create_task(self._close_idle_forever())
         return pool
+
+    async def _close_idle_forever(self) -> None:
+        """Pools with no call for ``idle_s`` seconds and no call running give back their
+        workers' memory; the next call starts the pool again."""
+        while True:
+            await asyncio.sleep(min(30.0, self.idle_s / 2))
+            now = time.monotonic()
+            for key, pool in list(self.pools.items()):
+                if now - pool.last_used > self.idle_s and pool.size == len(pool.idle):
+                    del self.pools[key]
+                    await pool.close()
 
     async def _start_worker(self, key: WorkerKey) -> Worker:
         uid = UID_BASE + next(self._uids) % 100_000
@@ -99,6 +115,8 @@ class FncallBackend:
         return list(await asyncio.gather(*(self.call(r) for r in reqs)))
 
     async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
         pools, self.pools = list(self.pools.values()), {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
 
@@ -145,10 +163,7 @@ class FncallBackend:
         yield ExecEvent(type="exit", result=result)
 
     async def stop(self, rec: SandboxRecord) -> None:
-        # a stateless sandbox owns nothing; a worker container orphaned by a crash of the
-        # node (found by the node's sweep under the same directory) is removed here
-        if self.containers.sandbox_dir(rec.id).exists():
-            await self.containers.stop(rec)
+        """A stateless sandbox owns nothing to stop."""
 
     async def pause(self, rec: SandboxRecord) -> None:
         raise Unsupported("fncall sandboxes hold no processes to pause")

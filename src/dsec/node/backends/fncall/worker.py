@@ -82,9 +82,8 @@ class Worker:
         now = time.time()
         rec = SandboxRecord(id=f"fw-{secrets.token_hex(6)}", spec=spec, state="starting",
                             created_at=now, last_active_at=now)
-        d = containers.sandbox_dir(rec.id)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "backend").write_text("fncall\n")  # the node's orphan sweep hands it back to us
+        # no record is kept: after a crash of the node, its sweep of unknown sandbox
+        # directories removes the worker as the container sandbox it is
         w = cls(containers, rec, uid)
         try:
             rec.runtime = await containers.start(rec)
