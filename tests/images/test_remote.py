@@ -233,3 +233,14 @@ def test_uploads_are_checked(registry):
         assert c.put("/v1/manifests/ws/x:v1", content=b"{}").status_code == 400
         assert c.head("/v1/blobs/sha256:" + "a" * 64).status_code == 404
     assert reg.store.get_tag("ws/x:v1") is None
+
+
+def test_resolve_recovers_from_a_dead_lazy_daemon(node):
+    r = node.resolve("ws/big:v1")
+    want = (r.lowerdirs[0] / "small").read_text()
+    proc = node.sources.daemon._proc
+    proc.kill()
+    proc.wait(10)
+    r = node.resolve("ws/big:v1")
+    assert (r.lowerdirs[0] / "f7").read_bytes()
+    assert (r.lowerdirs[0] / "small").read_text() == want

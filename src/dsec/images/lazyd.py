@@ -28,16 +28,27 @@ class LazyDaemon:
 
     def alive(self) -> bool:
         """True if the FUSE filesystem is mounted and answering."""
-        if not erofs.is_mounted(self.mountpoint):
-            return False
-        try:
-            os.stat(self.mountpoint)
+        if self._proc is not None:
+            running = self._proc.poll() is None
+        else:
+            pid = _read_pid(self.pidfile)
+            running = pid is not None and _exists(pid)
+        if running and erofs.is_mounted(self.mountpoint):
             return True
-        except OSError as exc:
-            if exc.errno == errno.ENOTCONN:  # the daemon died: clear its mount
-                erofs.umount(self.mountpoint)
-                return False
-            raise
+        # The daemon died (its mount answers ENOTCONN, or stale cached attributes): clear
+        # the dead mount so a new daemon can mount in its place.
+        for _ in range(4):
+            try:
+                os.stat(self.mountpoint)
+                if not erofs.is_mounted(self.mountpoint):
+                    break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENOTCONN:
+                    raise
+            erofs.umount(self.mountpoint)
+        return False
 
     def ensure(self, timeout: float = 15.0) -> None:
         """Start the daemon unless it is running; wait until it is mounted."""

@@ -44,14 +44,17 @@ class LayerMounts:
 
     ``source_for(digest)`` returns the file to mount after verifying it (the local blob, or
     a lazily fetched FUSE file for a remote store); it is called only when a layer is not
-    yet mounted, under the lock.
+    yet mounted, under the lock. ``healthy(digest)`` says whether an existing mount still
+    has its source (a lazy layer's daemon may have died).
     """
 
     def __init__(self, mnt_dir: pathlib.Path, lock: StoreLock,
-                 source_for: Callable[[str], pathlib.Path]) -> None:
+                 source_for: Callable[[str], pathlib.Path],
+                 healthy: Callable[[str], bool] = lambda digest: True) -> None:
         self.mnt_dir = mnt_dir
         self.lock = lock
         self.source_for = source_for
+        self.healthy = healthy
         mnt_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, digest: str) -> pathlib.Path:
@@ -61,9 +64,11 @@ class LayerMounts:
     def ensure(self, digest: str) -> pathlib.Path:
         """Mount the layer if it is not mounted yet; return its mount point."""
         target = self.path(digest)
-        if erofs.is_mounted(target):
+        if erofs.is_mounted(target) and self.healthy(digest):
             return target
         with self.lock.hold():
+            if erofs.is_mounted(target) and not self.healthy(digest):
+                erofs.umount(target)  # its lazy-loading daemon died: mount it afresh
             if not erofs.is_mounted(target):
                 source = self.source_for(digest)
                 target.mkdir(exist_ok=True)

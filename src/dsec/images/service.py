@@ -40,7 +40,8 @@ class ImageService:
         if isinstance(remote, str):
             remote = RemoteConfig(url=remote)
         self.sources = LayerSources(self.store, remote)
-        self.mounts = LayerMounts(self.root / "mnt", self.lock, self.sources.source_for)
+        self.mounts = LayerMounts(self.root / "mnt", self.lock, self.sources.source_for,
+                                  self.sources.healthy)
 
     @property
     def bytes_fetched(self) -> int:

@@ -61,6 +61,12 @@ class LayerSources:
         self.daemon.ensure()
         return self.daemon.mountpoint / digest_hex(digest)
 
+    def healthy(self, digest: str) -> bool:
+        """False if ``digest`` is mounted from the lazy FUSE file and its daemon is gone."""
+        if self.daemon is None or self.store.has_blob(digest):
+            return True
+        return self.daemon.alive()
+
     def fetch_manifest(self, ref: str) -> str | None:
         """Fetch a manifest from the remote store into the local one; its digest, or None."""
         if self.remote is None:
