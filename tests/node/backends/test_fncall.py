@@ -74,9 +74,9 @@ async def test_stdin_argv_input_and_returned_files(fc):
 
 
 async def test_bash_c_and_cpp(fc):
-    bash = await fc.fncall('read x; echo "$((x * 2)) $BASH_VERSION"', language="bash",
-                           stdin="21\n")
-    assert bash.stdout.startswith("42 5."), bash
+    bash = await fc.fncall('read x; echo "$((x * 2)) $BASH_VERSION"; git --version',
+                           language="bash", stdin="21\n")
+    assert bash.stdout.startswith("42 5.") and "git version" in bash.stdout, bash
     c = await fc.fncall('#include <stdio.h>\nint main(){int a; scanf("%d",&a);'
                         'printf("%d\\n", a * 3); return 0;}', language="c", stdin="14")
     assert (c.exit_code, c.stdout) == (0, "42\n"), c.stderr
@@ -117,6 +117,8 @@ async def test_fncall_sandbox_exec_keeps_no_state(fc):
         assert (r1.exit_code, r1.stdout) == (0, "hi\n")
         r2 = await sb.exec("cat f; echo \"Y=$Y\"")
         assert r2.exit_code == 0 and "hi" not in r2.stdout and "Y=\n" in r2.stdout
+        events = [ev async for ev in sb.exec_stream("echo streamed; exit 3")]
+        assert events[0].data == "streamed\n" and events[-1].result.exit_code == 3
         with pytest.raises(dsec.Unsupported):
             await sb.shell()
     finally:
@@ -277,3 +279,22 @@ def test_workers_of_a_crashed_node_are_removed_on_restart(tmp_path):
         assert not leftovers(tmp_path)
     finally:
         srv.destroy()
+
+
+async def test_a_batch_with_crashes_and_hangs_completes(fc):
+    def call(i: int) -> FnCallRequest:
+        if i % 5 == 1:
+            return FnCallRequest(code="import os\nos.abort()", memory_mb=209)
+        if i % 5 == 3:
+            return FnCallRequest(code="while True: pass", timeout=1, memory_mb=209)
+        return FnCallRequest(code=f"print({i})", memory_mb=209)
+
+    outs = await fc.fncall_many([call(i) for i in range(20)])
+    for i, out in enumerate(outs):
+        if i % 5 == 1:
+            assert out.signal == signal.SIGABRT, out
+        elif i % 5 == 3:
+            assert out.timed_out, out
+        else:
+            assert out.stdout == f"{i}\n", out
+    assert (await fc.fncall("print('after')", memory_mb=209)).stdout == "after\n"

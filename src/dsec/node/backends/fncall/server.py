@@ -240,7 +240,8 @@ class Worker:
         try:
             if kind == "python":
                 sys.argv = step["argv"]
-                glb = {"__name__": "__main__", "__builtins__": __builtins__}
+                glb = {"__name__": "__main__", "__file__": os.path.join(SCRATCH, "main.py"),
+                       "__builtins__": __builtins__}
                 exec(compile(step["source"], "main.py", "exec"), glb)
             else:
                 self._call(step)
