@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import uvicorn
@@ -53,7 +54,7 @@ async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None)
 
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
-          ray_address: str | None = None) -> None:
+          ray_address: str | None = None, images_remote: str | None = None) -> None:
     """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster)."""
     if ray_address is not None:
         sd = state_dir or NodeConfig().state_dir
@@ -61,6 +62,10 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         asyncio.run(_serve_ray(sd, host, port, ray_address))
         return
     kwargs: dict = {"warm_pool": warm_pool or {}}
+    if images_remote:
+        from dsec.images.sources import RemoteConfig
+        kwargs["images_remote"] = RemoteConfig(url=images_remote,
+                                               token=os.environ.get("DSEC_IMAGES_TOKEN"))
     if state_dir is not None:
         kwargs["state_dir"] = state_dir
     if backends:
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", action="append", default=None)
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="be a gateway over the node agents of this Ray cluster ('auto' ok)")
+    p.add_argument("--images-remote", default=None, metavar="URL",
+                   help="load image layers on demand from this layer store "
+                        "(token in DSEC_IMAGES_TOKEN)")
     p.add_argument("--warm-pool", action="append", default=[], metavar="IMAGE=N",
                    help="keep N started sandboxes of IMAGE ready for create()")
     a = p.parse_args(argv)
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         if not image or not n.isdigit():
             p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
         pool[image] = int(n)
-    serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray)
+    serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote)
 
 
 if __name__ == "__main__":

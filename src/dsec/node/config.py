@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.images.sources import RemoteConfig
 from dsec.placement.admission import AdmissionPolicy
 
 __all__ = ["NodeConfig", "default_state_dir"]
@@ -31,4 +32,7 @@ class NodeConfig(BaseModel):
     warm_pool: dict[str, int] = Field(
         default_factory=dict,
         description="image -> number of container sandboxes kept started ahead of demand")
+    images_remote: RemoteConfig | None = Field(
+        None, description="a remote layer store (e.g. another dsec server's /v1/blobs) that "
+                          "this node loads layers from on demand")
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
