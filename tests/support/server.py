@@ -97,7 +97,10 @@ class ServerProcess:
         finally:
             self.stop()
             from dsec.images import ImageService
+            from dsec.node.host.mounts import mounts_under, umount
             ImageService(self.state_dir).unmount_all()
+            for target in mounts_under(self.state_dir):  # e.g. a lazy-loading FUSE mount,
+                umount(target)                          # whose daemon ends with it
             subprocess.run(["rm", "-rf", str(self.state_dir)], check=False)
 
 
