@@ -29,8 +29,8 @@ Design (see also ``worker.py``, ``server.py`` and ``pool.py``):
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
+import secrets
 import shlex
 import time
 from pathlib import Path
@@ -46,7 +46,9 @@ from dsec.node.files import FileOps
 
 __all__ = ["FncallBackend"]
 
-UID_BASE = 200_000  # call uids: unique per live worker, far from any image's users
+# Call uids: one per worker, far above any image's users. Random, because RLIMIT_NPROC is
+# counted per uid across the whole host: two nodes on one host must not share one.
+UID_BASE, UID_RANGE = 200_000, 1_000_000
 
 
 class FncallBackend:
@@ -64,7 +66,6 @@ class FncallBackend:
         self.preload = preload
         self.idle_s = idle_s
         self.pools: dict[WorkerKey, Pool] = {}
-        self._uids = itertools.count()
         self._janitor: asyncio.Task | None = None
 
     # ---- calls ----
@@ -89,7 +90,10 @@ class FncallBackend:
                     await pool.close()
 
     async def _start_worker(self, key: WorkerKey) -> Worker:
-        uid = UID_BASE + next(self._uids) % 100_000
+        live = {w.uid for p in self.pools.values() for w in p.idle}
+        uid = UID_BASE + secrets.randbelow(UID_RANGE)
+        while uid in live:
+            uid = UID_BASE + secrets.randbelow(UID_RANGE)
         return await Worker.start(self.containers, key, uid, self.preload)
 
     async def call(self, req: FnCallRequest) -> FnCallResult:
