@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 
 from tests.cli.conftest import DSEC, one_error_line
 
@@ -98,3 +100,17 @@ def test_exec_output_arrives_while_the_command_runs(env, sb):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ctrl_c_stops_the_remote_command(env, sb):
+    proc = subprocess.Popen([*DSEC, "exec", sb.id, "--", "echo started; exec sleep 3600"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    assert "sleep 3600" in sb.exec("ps -o args").stdout
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert proc.stderr.read() == "interrupted\n"
+    deadline = time.monotonic() + 60  # the server kills it when the stream closes
+    while "sleep 3600" in sb.exec("ps -o args").stdout:
+        assert time.monotonic() < deadline, "the command outlived its dsec exec"
+        time.sleep(0.1)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import typer
 
 from dsec.cli.demo import demo
+from dsec.cli.execute import exec_
 from dsec.cli.files import cp
 from dsec.cli.images import images, nodes
-from dsec.cli.sandboxes import create, exec_, ls, rm
+from dsec.cli.sandboxes import create, ls, rm
 from dsec.cli.serve import serve
 from dsec.cli.shell import shell
 

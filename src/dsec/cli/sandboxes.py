@@ -1,9 +1,8 @@
-"""``dsec create``, ``dsec ls``, ``dsec exec`` and ``dsec rm``."""
+"""``dsec create``, ``dsec ls`` and ``dsec rm``."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Annotated
 
@@ -14,9 +13,9 @@ from rich.table import Table
 import dsec
 from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
-from dsec.cli.common import age, cli_errors, err, exit_status, fail, out, parse_labels
+from dsec.cli.common import age, cli_errors, err, fail, out, parse_labels
 
-__all__ = ["create", "ls", "exec_", "rm", "sandbox_table"]
+__all__ = ["create", "ls", "rm", "sandbox_table"]
 
 CREATE_CONCURRENCY = 16
 STATE_STYLE = {"running": "green", "paused": "yellow", "starting": "cyan", "failed": "red",
@@ -116,49 +115,6 @@ def sandbox_table(infos: list[SandboxInfo]) -> Table:
         table.add_row(i.id, i.backend, i.image, state, f"{i.cpu:g}", f"{i.memory_mb} MiB",
                       i.job or "-", age(i.created_at, now))
     return table
-
-
-@cli_errors
-def exec_(
-    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="sandbox id")],
-    cmd: Annotated[list[str], typer.Argument(metavar="-- CMD...",
-                                             help="one argument runs under /bin/sh -c; "
-                                                  "several run as an argv list")],
-    timeout: Annotated[float, typer.Option(help="seconds before the command is killed")] = 600.0,
-    workdir: Annotated[str | None, typer.Option("--workdir", "-w", help="working dir")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", metavar="KEY=VALUE",
-                                                  help="environment (repeatable)")] = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="user or uid[:gid]")] = None,
-    stdin: Annotated[bool, typer.Option("--stdin", "-i", help="feed local stdin to the "
-                                                                "command")] = False,
-) -> None:
-    """Run a command, streaming its output; exit with its exit code."""
-    if cmd[0] == "--":  # interspersed args are off, so click hands the separator on
-        cmd = cmd[1:]
-    if not cmd:
-        raise typer.BadParameter("give the command after the id: dsec exec ID -- CMD...")
-    command: str | list[str] = cmd[0] if len(cmd) == 1 else cmd
-    data = sys.stdin.buffer.read() if stdin else None
-    result = None
-    with dsec.Client() as client:
-        sb = client.get(sandbox_id)
-        for ev in sb.exec_stream(command, cwd=workdir, env=parse_labels(env), user=user,
-                                 stdin=data, timeout=timeout):
-            if ev.type == "exit":
-                result = ev.result
-            else:
-                stream = sys.stdout if ev.type == "stdout" else sys.stderr
-                stream.write(ev.data)
-                stream.flush()
-    if result is None:
-        fail("the server ended the stream without an exit status")
-    if result.stdout_truncated or result.stderr_truncated:
-        err.print("[yellow]warning:[/] output was truncated at the size cap")
-    if result.timed_out:
-        fail(f"command timed out after {timeout:g}s and was killed", code=124)
-    if result.oom_killed:
-        err.print("[red]error:[/] command was killed: out of memory", soft_wrap=True)
-    raise typer.Exit(exit_status(result.exit_code))
 
 
 @cli_errors
