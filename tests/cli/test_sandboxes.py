@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from tests.cli.conftest import DSEC, one_error_line
+from tests.cli.terminal import Terminal
 
 
 def test_create_count_ls_and_rm_by_job(cli, job, sync_client):
@@ -33,6 +34,18 @@ def test_create_count_ls_and_rm_by_job(cli, job, sync_client):
     assert r.returncode == 0, r.stderr
     assert "stopped 3 sandboxes" in r.stderr
     assert sync_client.list(job=job) == []
+
+
+def test_create_count_shows_a_progress_bar_on_a_terminal(env, job, sync_client):
+    t = Terminal([*DSEC, "create", "--count", "3", "--job", job, "--memory-mb", "64"], env)
+    try:
+        assert t.wait() == 0, t.buf
+    finally:
+        t.close()
+    ids = {i.id for i in sync_client.list(job=job)}
+    assert len(ids) == 3
+    assert b"creating" in t.buf and b"3/3" in t.buf  # the bar, advanced once per sandbox
+    assert all(i.encode() in t.buf for i in ids)
 
 
 def test_rm_by_id(cli, sb, sync_client, job):

@@ -17,7 +17,7 @@ from rich.text import Text
 from dsec.api.errors import DSecError
 from dsec.sdk.client import default_url
 
-__all__ = ["out", "err", "fail", "cli_errors", "parse_labels", "age", "mib", "exit_status"]
+__all__ = ["out", "err", "fail", "cli_errors", "parse_pairs", "age", "mib", "exit_status"]
 
 # Piped output keeps whole rows (for grep) instead of folding to 80 columns.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -57,16 +57,16 @@ def _validation_message(e: dict) -> str:
     return msg if loc and msg.startswith(loc) else f"{loc}: {msg}" if loc else msg
 
 
-def parse_labels(items: list[str] | None) -> dict[str, str]:
-    """``["k=v", ...]`` into a dict; a malformed item is a usage error."""
-    labels: dict[str, str] = {}
+def parse_pairs(items: list[str] | None, option: str) -> dict[str, str]:
+    """``["k=v", ...]`` (the values of ``option``) into a dict; a malformed item is a
+    usage error."""
+    pairs: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"labels look like key=value; got {item!r}",
-                                     param_hint="--label")
-        labels[key] = value
-    return labels
+            raise typer.BadParameter(f"takes KEY=VALUE; got {item!r}", param_hint=option)
+        pairs[key] = value
+    return pairs
 
 
 def age(ts: float | None, now: float | None = None) -> str:

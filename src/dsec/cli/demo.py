@@ -18,7 +18,6 @@ from rich.rule import Rule
 import dsec
 from dsec.api.errors import DSecError
 from dsec.cli.common import cli_errors, out
-from dsec.cli.sandboxes import sandbox_table
 
 __all__ = ["demo"]
 
@@ -30,7 +29,8 @@ class _Tour:
     def step(self, title: str, code: str) -> None:
         self.n += 1
         out.print()
-        out.print(Rule(f"[bold]{self.n}. {escape(title)}", align="left", style="cyan"))
+        out.print(Rule(f"[bold]{self.n}. {escape(title)}", align="left", style="cyan"),
+                  width=min(out.width, 100))
         for line in code.strip().splitlines():
             out.print(f"  [dim]>>>[/] [green]{escape(line)}[/]")
 
@@ -57,10 +57,11 @@ def demo(
         try:
             _run(tour, client, image, count, job)
         finally:
+            stopped = client.stop_all(job=job)  # first, so that no print can prevent it
             tour.step("clean up: stop every sandbox of the demo's job",
                       f"client.stop_all(job={job!r})")
-            tour.say(f"stopped {client.stop_all(job=job)} sandboxes; "
-                     "their processes, mounts and files are gone")
+            tour.say(f"stopped {stopped} sandboxes; their processes, mounts and files "
+                     "are gone")
     out.print()
     out.print("[bold green]done.[/] Next: [bold]dsec create[/], [bold]dsec shell ID[/], "
               "[bold]dsec exec ID -- CMD[/], [bold]dsec cp[/], [bold]dsec rm ID[/].")
@@ -72,8 +73,10 @@ def _run(tour: _Tour, client, image: str, count: int, job: str) -> None:
               f"job={job!r})")
     t0 = time.perf_counter()
     sbs = client.create_many(count, image=image, memory_mb=128, job=job)
-    tour.say(f"{len(sbs)} sandboxes running after {time.perf_counter() - t0:.2f}s:")
-    out.print(sandbox_table(client.list(job=job)))
+    tour.say(f"{len(sbs)} sandboxes running after {time.perf_counter() - t0:.2f}s "
+             "(`dsec ls` lists them too):")
+    for info in client.list(job=job):
+        tour.say(f"  {info.id}  {info.state}  {info.image}  {info.memory_mb} MiB  job={info.job}")
     a, b = sbs[0], sbs[-1]
 
     tour.step("run a command: each sandbox has its own hostname (its id)",

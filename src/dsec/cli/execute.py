@@ -10,7 +10,7 @@ import typer
 
 import dsec
 from dsec.api.models import ExecResult
-from dsec.cli.common import cli_errors, err, exit_status, fail, parse_labels
+from dsec.cli.common import cli_errors, err, exit_status, fail, parse_pairs
 
 __all__ = ["exec_"]
 
@@ -35,7 +35,7 @@ def exec_(
     if not cmd:
         raise typer.BadParameter("give the command after the id: dsec exec ID -- CMD...")
     command: str | list[str] = cmd[0] if len(cmd) == 1 else cmd
-    kwargs = dict(cwd=workdir, env=parse_labels(env), user=user, timeout=timeout,
+    kwargs = dict(cwd=workdir, env=parse_pairs(env, "--env"), user=user, timeout=timeout,
                   stdin=sys.stdin.buffer.read() if stdin else None)
     # asyncio.run turns Ctrl-C into a cancellation: the stream closes and the server
     # kills the command, instead of leaving it to run until its timeout.

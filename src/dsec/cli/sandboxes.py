@@ -13,7 +13,7 @@ from rich.table import Table
 import dsec
 from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
-from dsec.cli.common import age, cli_errors, err, fail, out, parse_labels
+from dsec.cli.common import age, cli_errors, err, fail, out, parse_pairs
 
 __all__ = ["create", "ls", "rm", "sandbox_table"]
 
@@ -42,7 +42,7 @@ def create(
     """Create sandboxes and print their ids, one per line."""
     kwargs = dict(backend=backend, image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                   ttl_s=ttl or None, idle_ttl_s=idle_ttl or None, job=job,
-                  labels=parse_labels(label))
+                  labels=parse_pairs(label, "--label"))
     t0 = time.perf_counter()
     made, errors = asyncio.run(_create_concurrently(count, kwargs))
     for sb_id in made:
@@ -50,8 +50,8 @@ def create(
     if errors:
         if not made:
             raise errors[0]
-        for e in sorted(set(errors), key=str):
-            err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        for message in sorted({e.message for e in errors}):
+            err.print(f"[red]error:[/] {message}")
         fail(f"{len(errors)} of {count} sandboxes could not be created")
     if count > 1:
         err.print(f"created {len(made)} sandboxes in {time.perf_counter() - t0:.2f}s")
@@ -89,7 +89,7 @@ def ls(
 ) -> None:
     """List sandboxes."""
     with dsec.Client() as client:
-        infos = client.list(job=job, labels=parse_labels(label))
+        infos = client.list(job=job, labels=parse_pairs(label, "--label"))
     if quiet:
         for info in infos:
             out.print(info.id)
@@ -137,7 +137,7 @@ def rm(
     if len(ids) == 1 and failures:
         fail(failures[0][1].message)
     for sb_id, exc in failures:
-        err.print(f"[red]error:[/] {sb_id}: {exc.message}", soft_wrap=True)
+        err.print(f"[red]error:[/] {sb_id}: {exc.message}")
     if failures:
         fail(f"{len(failures)} of {len(ids)} sandboxes could not be stopped")
 

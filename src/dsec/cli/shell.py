@@ -68,6 +68,7 @@ async def _relay(ws: ClientConnection, in_fd: int, out_fd: int) -> int:
     inbox: asyncio.Queue[bytes] = asyncio.Queue()
     ended = asyncio.Event()
     got_signal: list[int] = []
+    resizes: set[asyncio.Task] = set()  # held so a pending resize is not collected
 
     def on_signal(sig: int) -> None:
         got_signal.append(sig)
@@ -75,7 +76,9 @@ async def _relay(ws: ClientConnection, in_fd: int, out_fd: int) -> int:
 
     def on_resize() -> None:
         rows, cols = terminal_size(in_fd, out_fd)
-        asyncio.ensure_future(_send(ws, json.dumps({"resize": [rows, cols]})))
+        task = asyncio.create_task(_send(ws, json.dumps({"resize": [rows, cols]})))
+        resizes.add(task)
+        task.add_done_callback(resizes.discard)
 
     watching = _watch_input(loop, in_fd, inbox)
     loop.add_signal_handler(signal.SIGWINCH, on_resize)
