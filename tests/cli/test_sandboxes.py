@@ -6,8 +6,9 @@ import signal
 import subprocess
 import time
 
-from tests.cli.conftest import DSEC, one_error_line
+from tests.cli.conftest import DSEC, one_error_line, run_cli
 from tests.cli.terminal import Terminal
+from tests.support.server import free_port
 
 
 def test_create_count_ls_and_rm_by_job(cli, job, sync_client):
@@ -69,9 +70,7 @@ def test_unknown_sandbox(cli):
         assert one_error_line(r.stderr) == "error: sandbox sb-00000000-000000000000 not found"
 
 
-def test_wrong_token_and_no_server(env, server):
-    from tests.cli.conftest import run_cli
-    from tests.support.server import free_port
+def test_wrong_token_and_no_server(env):
     r = run_cli({**env, "DSEC_TOKEN": "wrong"}, "ls")
     assert r.returncode == 1
     assert "bearer token" in one_error_line(r.stderr)
