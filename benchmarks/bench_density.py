@@ -89,8 +89,9 @@ def mib(b: float) -> str:
     return f"{b / (1 << 20):.2f}"
 
 
-async def main(quick: bool) -> None:
+async def main(quick: bool, count: int | None) -> None:
     n, batch = (20, 10) if quick else (1000, 100)
+    n = count or n
     load_start = common.load()
     with common.server() as srv:
         runc_root = str(srv.state_dir / "runc")
@@ -156,7 +157,7 @@ async def main(quick: bool) -> None:
     ]
     if error:
         notes.append(f"Creation stopped early: {error}")
-    name = "density-quick" if quick else "density"
+    name = "density-quick" if quick or count else "density"
     common.publish(name, f"Idle density: {n} sandboxes" + (" (quick)" if quick else ""),
                    common.table(["figure", "value"], rows), notes)
     if left or runc_list:
@@ -164,5 +165,6 @@ async def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    args = common.parse_args(__doc__)
-    asyncio.run(main(args.quick))
+    args = common.parse_args(__doc__, lambda p: p.add_argument(
+        "--count", type=int, default=None, help="sandboxes (default 1000; 20 with --quick)"))
+    asyncio.run(main(args.quick, args.count))

@@ -32,9 +32,13 @@ __all__ = ["ServerProcess", "server", "parse_args", "percentile", "summary", "fm
 
 
 # ---- arguments ----
-def parse_args(doc: str) -> argparse.Namespace:
+def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
+               ) -> argparse.Namespace:
+    """``--quick`` and whatever ``extra`` adds to the parser."""
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a few iterations only (CI-sized)")
+    if extra:
+        extra(p)
     return p.parse_args()
 
 
