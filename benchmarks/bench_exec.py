@@ -27,6 +27,31 @@ async def agent_true(sock: str) -> None:
         raise RuntimeError(f"agent: true exited {proc.exit_code}")
 
 
+class RawHTTP:
+    """HTTP/1.1 by hand over one kept-alive connection: the server's share, no client library."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port, self.token = port, token
+
+    async def open(self) -> RawHTTP:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self
+
+    async def post(self, path: str, body: dict) -> dict:
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: bench\r\n"
+                          f"Authorization: Bearer {self.token}\r\n"
+                          f"Content-Type: application/json\r\n"
+                          f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = next(int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                      if ln.lower().startswith(b"content-length:"))
+        return json.loads(await self.reader.readexactly(length))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def run_true(argv: list[str]) -> None:
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
@@ -59,6 +84,12 @@ async def main(quick: bool) -> None:
                     r = sync_sb.exec(["true"])
                     assert r.exit_code == 0, r
 
+                raw = await RawHTTP(srv.port, srv.token).open()
+
+                async def raw_http():
+                    r = await raw.post(f"/v1/sandboxes/{sb.id}/exec", {"cmd": ["true"]})
+                    assert r["exit_code"] == 0, r
+
                 async def http_floor():
                     await sb.refresh()
 
@@ -76,6 +107,8 @@ async def main(quick: bool) -> None:
                     "SDK AsyncClient + HTTP, shell string `\"true\"`": (sdk_async_shell,
                                                                         per_round),
                     "SDK sync Client + HTTP, argv": (sdk_sync, per_round),
+                    "hand-written HTTP/1.1 on a kept-alive socket (no SDK, no httpx)": (
+                        raw_http, per_round),
                     "SDK `sb.refresh()` (HTTP + auth + route, no exec)": (http_floor,
                                                                           per_round),
                     "node→agent only (unix socket, no HTTP)": (agent, per_round),
@@ -93,6 +126,7 @@ async def main(quick: bool) -> None:
                             await fn()
                             samples[name].append(time.perf_counter() - t0)
                 sync_client.close()
+                raw.close()
             finally:
                 await sb.stop()
     left = srv.left
