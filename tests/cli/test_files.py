@@ -15,6 +15,10 @@ def test_cp_file_round_trip(cli, sb, tmp_path):
     assert sb.files.read("/tmp/data.bin") == src.read_bytes()
     assert sb.exec("stat -c %a /tmp/data.bin").stdout == "750\n"
 
+    r = cli("cp", str(src), f"{sb.id}:/new/dir/")  # a trailing slash names a directory
+    assert r.returncode == 0, r.stderr
+    assert sb.files.read("/new/dir/data.bin") == src.read_bytes()
+
     back = tmp_path / "back.bin"
     r = cli("cp", f"{sb.id}:/tmp/data.bin", str(back))
     assert r.returncode == 0, r.stderr

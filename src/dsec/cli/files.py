@@ -50,12 +50,9 @@ def _upload(client, local: Path, sb_id: str, path: str) -> None:
     if not local.exists():
         fail(f"{local}: no such file or directory")
     files = client.get(sb_id).files
-    target = path
-    try:
-        if files.stat(path).type == "dir":
-            target = posixpath.join(path, local.name)
-    except NotFound:
-        pass
+    if path.endswith("/"):  # names a directory: make it, and copy into it
+        files.mkdir(path)
+    target = posixpath.join(path, local.name) if _is_dir(files, path) else path
     if local.is_dir():
         files.mkdir(target)
         n = files.upload_dir(local, target)
@@ -63,6 +60,13 @@ def _upload(client, local: Path, sb_id: str, path: str) -> None:
     else:
         info = files.upload(local, target, mode=local.stat().st_mode & 0o7777)
         err.print(f"copied {local} to {sb_id}:{target} ({info.size} bytes)")
+
+
+def _is_dir(files, path: str) -> bool:
+    try:
+        return files.stat(path).type == "dir"
+    except NotFound:
+        return False
 
 
 def _download(client, sb_id: str, path: str, local: Path) -> None:
