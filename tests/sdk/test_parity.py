@@ -46,3 +46,13 @@ async def test_unreachable_server_is_a_clear_error():
             assert "is it running" in str(exc)
         else:
             raise AssertionError("expected Unavailable")
+
+
+async def test_bad_arguments_raise_invalid_argument_before_any_request():
+    async with dsec.AsyncClient("http://127.0.0.1:9", "t") as c:
+        try:
+            await c.create(memory_mb=4)
+        except dsec.InvalidArgument as exc:
+            assert "memory_mb must be between 16 and 65536; got 4" in str(exc)
+        else:
+            raise AssertionError("expected InvalidArgument")

@@ -30,11 +30,29 @@ __all__ = [
     "NodeInfo",
     "PackDiffRequest",
     "MAX_OUTPUT_DEFAULT",
+    "validated",
 ]
 
 Backend = Literal["container", "microvm", "vm", "fncall"]
 SandboxState = Literal["starting", "running", "paused", "stopped", "failed"]
 MAX_OUTPUT_DEFAULT = 1 << 20
+
+
+def validated(cls, /, **fields):
+    """Build a request model; a bad argument raises :class:`InvalidArgument`, whose message
+    names each field and what to change (the same text the server would send)."""
+    from pydantic import ValidationError
+
+    from dsec.api.errors import InvalidArgument
+    try:
+        return cls(**fields)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        raise InvalidArgument("; ".join(parts)) from None
 
 
 class _Request(BaseModel):

@@ -15,7 +15,7 @@ from dsec.api.errors import InvalidArgument, SandboxTimeout, Unavailable, error_
 from dsec.api.fncall import (FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult,
                              Language)
 from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
-                             SandboxList, SandboxSpec)
+                             SandboxList, SandboxSpec, validated)
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.sandbox import AsyncSandbox
 
@@ -126,7 +126,7 @@ class AsyncClient:
         that were (check ``len``)."""
         args = dict(locals())
         args.pop("count")
-        req = CreateManyRequest(count=count, spec=_spec(args))
+        req = validated(CreateManyRequest, count=count, spec=_spec(args))
         resp = await self._request("POST", "/v1/sandboxes/batch", json=req.model_dump(),
                                    timeout=None)
         body = resp.json()
@@ -235,4 +235,4 @@ def _spec(args: dict) -> SandboxSpec:
               and k in SandboxSpec.model_fields}
     for k in ("ttl_s", "idle_ttl_s"):
         fields[k] = args.get(k)
-    return SandboxSpec(**fields)
+    return validated(SandboxSpec, **fields)

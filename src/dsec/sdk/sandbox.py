@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dsec.api.errors import error_from_wire
 from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecResult, FileInfo,
                              FileList, ImageSummary, PackDiffRequest, SandboxInfo, ShellInfo,
-                             ShellRunRequest)
+                             ShellRunRequest, validated)
 from dsec.api.rl import AuditList, AuditRecord, NetworkRequest, NetworkStatus, TrajectoryPage
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def _exec_body(cmd: str | list[str], cwd: str | None, env: dict[str, str] | None
                max_output: int, background: bool, step: str | None) -> dict:
     if isinstance(stdin, str):
         stdin = stdin.encode()
-    return ExecRequest(cmd=cmd, cwd=cwd, env=env or {}, user=user,
+    return validated(ExecRequest, cmd=cmd, cwd=cwd, env=env or {}, user=user,
                        stdin=base64.b64encode(stdin).decode() if stdin else None,
                        timeout=timeout, max_output=max_output, background=background,
                        step=step).model_dump()
@@ -99,7 +99,7 @@ class AsyncSandbox:
 
     async def pack_diff(self, tag: str, exclude: list[str] | None = None) -> ImageSummary:
         """Turn the writable layer into a new layer over the image, tagged ``tag``."""
-        body = PackDiffRequest(tag=tag, exclude=exclude or []).model_dump()
+        body = validated(PackDiffRequest, tag=tag, exclude=exclude or []).model_dump()
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/pack_diff",
                                            json=body, timeout=None)
         return ImageSummary.model_validate(resp.json())
@@ -142,7 +142,7 @@ class AsyncShell:
     async def run(self, cmd: str, *, timeout: float | None = 60.0,
                   max_output: int = MAX_OUTPUT_DEFAULT, step: str | None = None) -> ExecResult:
         """Run ``cmd`` in the session; on timeout the command is killed, the shell lives."""
-        body = ShellRunRequest(cmd=cmd, timeout=timeout, max_output=max_output,
+        body = validated(ShellRunRequest, cmd=cmd, timeout=timeout, max_output=max_output,
                                step=step).model_dump()
         resp = await self._client._request(
             "POST", f"/v1/sandboxes/{self.sandbox_id}/shells/{self.id}/run", json=body,

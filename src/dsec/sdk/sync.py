@@ -43,14 +43,28 @@ def _run(coro) -> Any:
 
 def _iterate(agen) -> Iterator:
     loop = _Loop.get()
+    pending = None
     try:
         while True:
+            pending = asyncio.run_coroutine_threadsafe(agen.__anext__(), loop)
             try:
-                yield asyncio.run_coroutine_threadsafe(agen.__anext__(), loop).result()
+                item = pending.result()
             except StopAsyncIteration:
                 return
+            pending = None
+            yield item
     finally:
-        asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result()
+        if pending is not None and not pending.done():
+            # interrupted mid-step (e.g. Ctrl-C): cancel the step before closing the stream
+            pending.cancel()
+            try:
+                pending.result(timeout=5)
+            except BaseException:
+                pass
+        try:
+            asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result(timeout=10)
+        except RuntimeError:
+            pass
 
 
 _WRAPPERS: dict[type, type] = {}
