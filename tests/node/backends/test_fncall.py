@@ -49,7 +49,7 @@ async def fc(fn_server):
 
 
 async def same_worker(fc, first, probe: str, memory_mb: int, **kw):
-    """Run ``probe`` until it lands on ``first``'s worker (pools prefer the last used)."""
+    """Run ``probe`` until it lands on ``first``'s worker (pools rotate over idle ones)."""
     for _ in range(10):
         out = await fc.fncall(probe, memory_mb=memory_mb, **kw)
         if out.worker == first.worker:

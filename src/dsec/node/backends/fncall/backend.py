@@ -67,6 +67,7 @@ class FncallBackend:
         self.idle_s = idle_s
         self.pools: dict[WorkerKey, Pool] = {}
         self._janitor: asyncio.Task | None = None
+        self._closing: set[Pool] = set()
 
     # ---- calls ----
     def pool(self, key: WorkerKey) -> Pool:
@@ -87,7 +88,11 @@ class FncallBackend:
             for key, pool in list(self.pools.items()):
                 if now - pool.last_used > self.idle_s and pool.size == len(pool.idle):
                     del self.pools[key]
-                    await pool.close()
+                    self._closing.add(pool)
+                    try:
+                        await pool.close()
+                    finally:
+                        self._closing.discard(pool)
 
     async def _start_worker(self, key: WorkerKey) -> Worker:
         live = {w.uid for p in self.pools.values() for w in p.idle}
@@ -121,7 +126,8 @@ class FncallBackend:
     async def close(self) -> None:
         if self._janitor is not None:
             self._janitor.cancel()
-        pools, self.pools = list(self.pools.values()), {}
+        # a pool the janitor was closing when cancelled is finished here (close is idempotent)
+        pools, self.pools = [*self.pools.values(), *self._closing], {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
 
     # ---- the Backend protocol, for stateless sandboxes ----

@@ -40,8 +40,8 @@ class Pool:
         async with self._changed:
             while not self.idle and self.size >= self.max_size:
                 await self._changed.wait()
-            if self.idle:
-                return self.idle.pop()
+            if self.idle:  # oldest first: calls rotate over the warm workers
+                return self.idle.pop(0)
             self.size += 1
         try:
             return await self._factory()
@@ -95,8 +95,12 @@ class Pool:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
+        """Stop every worker. The stops are tasks of their own (``asyncio.wait`` does not
+        cancel them), so a close that is cancelled half-way can be finished by calling it
+        again."""
         self._closed = True
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
         idle, self.idle = self.idle, []
-        await asyncio.gather(*(w.stop() for w in idle), return_exceptions=True)
+        for worker in idle:
+            self._spawn(worker.stop())
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
