@@ -6,6 +6,7 @@ import json
 import secrets
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from tests.support.server import ServerProcess
@@ -45,6 +46,10 @@ class Peer:
         self.http = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, "python3", "-m", "http.server", str(PEER_PORT),
              "--bind", PEER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while f"{PEER}:{PEER_PORT}" not in sh(f"ip netns exec {self.ns} ss -tln").stdout:
+            assert time.time() < deadline, "peer HTTP server did not start"
+            time.sleep(0.1)
         return self
 
     def stop(self) -> None:

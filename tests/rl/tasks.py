@@ -1,0 +1,17 @@
+"""A tiny code-repair task for the env tests: a shell function with an off-by-one bug."""
+
+from dsec.rl import Grader, Task
+
+BUGGY = b"add() { echo $(($1 + $2 + 1)); }\n"
+FIX = "sed -i 's/ + 1))/))/' /repo/calc.sh"
+HIDDEN_TEST = b"""#!/bin/sh
+. /repo/calc.sh
+[ "$(add 2 3)" = 5 ] && [ "$(add 0 0)" = 0 ]
+"""
+
+
+def repair_task() -> Task:
+    return Task(prompt="Fix add() in /repo/calc.sh; the hidden tests call add 2 3.",
+                files={"/repo/calc.sh": BUGGY},
+                grader=Grader(workspace="/repo", cmd="/grader/test.sh",
+                              files={"/grader/test.sh": HIDDEN_TEST}))
