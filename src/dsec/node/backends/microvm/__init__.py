@@ -6,5 +6,6 @@ Both run the same dsec-agent as containers, reached over loopback TCP.
 """
 
 from dsec.node.backends.microvm.backend import MicroVMBackend, MicroVMConfig
+from dsec.node.backends.microvm.vm import VMBackend
 
-__all__ = ["MicroVMBackend", "MicroVMConfig"]
+__all__ = ["MicroVMBackend", "MicroVMConfig", "VMBackend"]

@@ -141,8 +141,12 @@ class MicroVMBackend:
             raise
         return {"dir": str(d), "accel": spec.accel, "warm": self.config.warm_start, **facts}
 
-    async def _boot(self, spec: LaunchSpec, disk_mb: int) -> LaunchSpec:
+    async def prepare_disks(self, spec: LaunchSpec, disk_mb: int) -> None:
+        """Create the guest's writable disk before QEMU starts."""
         await asyncio.to_thread(make_scratch, spec.workdir / "rw.img", disk_mb)
+
+    async def _boot(self, spec: LaunchSpec, disk_mb: int) -> LaunchSpec:
+        await self.prepare_disks(spec, disk_mb)
         spec = await launch(spec)
         save_launch(spec)
         await wait_ready(spec.workdir, self.config.boot_timeout_s)
@@ -230,6 +234,22 @@ class MicroVMBackend:
     def memory_bytes(self, rec: SandboxRecord) -> int:
         """Proportional set size of the guest's QEMU: pages KSM merged count shared."""
         return qemu_pss(self.sandbox_dir(rec.id))
+
+    async def screenshot(self, rec: SandboxRecord) -> bytes:
+        """microvm guests have no display."""
+        raise Unsupported(f"{self.name} sandboxes have no display; use backend='vm'")
+
+    async def type_text(self, rec: SandboxRecord, text: str) -> None:
+        """microvm guests have no keyboard."""
+        raise Unsupported(f"{self.name} sandboxes have no keyboard; use backend='vm'")
+
+    async def press_keys(self, rec: SandboxRecord, keys: list[str]) -> None:
+        """microvm guests have no keyboard."""
+        raise Unsupported(f"{self.name} sandboxes have no keyboard; use backend='vm'")
+
+    async def click(self, rec: SandboxRecord, x: int, y: int, button: str = "left") -> None:
+        """microvm guests have no pointer."""
+        raise Unsupported(f"{self.name} sandboxes have no pointer; use backend='vm'")
 
     def console(self, rec: SandboxRecord) -> str:
         """The guest's serial console so far (capped), for debugging."""

@@ -5,6 +5,8 @@ Kernel command line words it reads (all set by the launcher):
   dsec.layers=N      N read-only EROFS disks with serials dsec-l0 (bottom) .. dsec-l<N-1>
   dsec.port=P        the agent's TCP port inside the guest
   dsec.host=NAME     the guest's hostname
+  dsec.root=disk     (vm backend) boot the disk with serial dsec-boot, partition 1, with
+                     its own /sbin/init instead of composing layers
 The writable disk has serial ``dsec-rw``; on a blank disk the script formats it (ext2 via
 busybox, driven by the ext4 module). Any failure powers the guest off, which the launcher
 turns into a paused QEMU the node reports as a failed sandbox.
@@ -26,6 +28,13 @@ disk() {  # block device whose virtio serial is $1
   done
   return 1
 }
+if [ "$(arg dsec.root)" = disk ]; then
+  i=0; while [ $i -lt 50 ] && ! disk dsec-boot >/dev/null; do sleep 0.1; i=$((i+1)); done
+  dev=$(disk dsec-boot) || fail "no boot disk"
+  mount -t ext4 ${dev}1 /newroot || fail "mount ${dev}1"
+  mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
+  exec switch_root /newroot /sbin/init
+fi
 n=$(arg dsec.layers); n=${n:-0}; port=$(arg dsec.port); port=${port:-7000}
 i=0; while [ $i -lt 50 ] && ! disk dsec-rw >/dev/null; do sleep 0.1; i=$((i+1)); done
 rw=$(disk dsec-rw) || fail "no writable disk"

@@ -50,6 +50,8 @@ class LaunchSpec(BaseModel):
     scratch_format: Literal["raw", "qcow2"] = Field(
         "raw", description="qcow2 when the disk is a copy-on-write clone of a template's")
     boot_disk: Path | None = Field(None, description="q35: the disk image to boot (qcow2)")
+    boot_base: Path | None = Field(None, description="q35: the shared read-only disk that "
+                                                     "boot_disk is a copy-on-write layer over")
     workdir: Path = Field(description="per-guest directory: sockets, pid file")
     host_port: int = Field(0, description="loopback port forwarded to the agent")
     agent_port: int = Field(7000, description="the agent's port inside the guest")
@@ -136,9 +138,11 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci"
     argv += ["-netdev", f"user,id=n0,restrict={restrict},"
                         f"hostfwd=tcp:127.0.0.1:{spec.host_port}-:{spec.agent_port}",
-             "-device", f"{net_dev},netdev=n0"]
+             "-device", f"{net_dev},netdev=n0" + (",romfile=" if spec.machine == "q35" else "")]
     if spec.display:
-        argv += ["-device", "virtio-keyboard-pci", "-device", "virtio-tablet-pci"]
+        # The keyboard is q35's PS/2 one (built into the guest kernel); the tablet gives
+        # absolute pointer positions, which clicks at pixel coordinates need.
+        argv += ["-device", "virtio-tablet-pci"]
     if spec.incoming_fd is not None:
         argv += ["-incoming", f"fd:{spec.incoming_fd}"]
     return argv
