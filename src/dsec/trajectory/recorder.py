@@ -59,10 +59,14 @@ class Recorder:
         return decision
 
     async def call(self, sb_id: str, kind: str, request: BaseModel,
-                   run: Callable[[], Awaitable[M]], result_type: type[M]) -> M:
-        """Answer ``request`` from the log, or run it live and append it."""
+                   run: Callable[[], Awaitable[M]], result_type: type[M],
+                   context: dict | None = None) -> M:
+        """Answer ``request`` from the log, or run it live and append it.
+
+        ``context`` (a shell id, say) is logged with the request but is no part of the
+        step's identity: a replay may come through another shell."""
         step = getattr(request, "step", None)
-        req = request.model_dump(exclude={"step"})
+        req = request.model_dump(exclude={"step"}) | (context or {})
         fp = fingerprint(kind, req)
         decision = await self._decide(sb_id, step, kind, fp)
         if decision.action == "replay":
@@ -155,8 +159,10 @@ def recorded(kind: str, result_type: type[BaseModel]):
         @functools.wraps(fn)
         async def wrapper(self, sb_id: str, *args):
             self._get(sb_id)  # an unknown sandbox is NotFound, even for a logged step
+            context = {"shell": args[0]} if len(args) > 1 else None
             return await self.trajectory.call(sb_id, kind, args[-1],
-                                              lambda: fn(self, sb_id, *args), result_type)
+                                              lambda: fn(self, sb_id, *args), result_type,
+                                              context)
         return wrapper
     return deco
 
