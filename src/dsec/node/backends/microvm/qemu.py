@@ -135,10 +135,11 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     if spec.boot_disk is not None:
         argv += _drive("boot", spec.boot_disk, False, "dsec-boot", spec.machine, "qcow2")
     restrict = "off" if spec.network else "on"
-    net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci"
+    # q35: no option ROM on the NIC (iPXE), the guest never boots from the network.
+    net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci,romfile="
     argv += ["-netdev", f"user,id=n0,restrict={restrict},"
                         f"hostfwd=tcp:127.0.0.1:{spec.host_port}-:{spec.agent_port}",
-             "-device", f"{net_dev},netdev=n0" + (",romfile=" if spec.machine == "q35" else "")]
+             "-device", f"{net_dev},netdev=n0"]
     if spec.display:
         # The keyboard is q35's PS/2 one (built into the guest kernel); the tablet gives
         # absolute pointer positions, which clicks at pixel coordinates need.

@@ -1,0 +1,131 @@
+"""The vm backend with a real q35 guest booting its own disk (TCG: one shared guest)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from dsec.api.errors import Unsupported
+from dsec.api.models import SandboxSpec
+from dsec.images import ImageService
+from dsec.node.agent.client import AgentProcess, SpawnRequest
+from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig, VMBackend
+from dsec.node.backends.microvm.qemu import read_pid
+from dsec.node.backends.microvm.vm import png_size
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400)]
+
+GUEST_DIR = Path(__file__).resolve().parents[3] / "build" / "guest"
+
+
+def record(sb_id: str, backend: str = "vm") -> SandboxRecord:
+    now = time.time()
+    return SandboxRecord(id=sb_id, spec=SandboxSpec(backend=backend, memory_mb=256),
+                         state="creating", created_at=now, last_active_at=now)
+
+
+async def run(backend, rec, script: str) -> tuple[int, bytes]:
+    proc = await AgentProcess.start(backend.connector(rec), SpawnRequest(
+        argv=["sh", "-c", script], env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}))
+    proc.close_stdin()
+    out = b""
+    while True:
+        kind, data = await proc.next_event()
+        if kind == "exit":
+            return proc.exit_code, out
+        out += data
+
+
+async def eventually(backend, rec, script: str, timeout: float = 20.0) -> bytes:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, out = await run(backend, rec, script)
+        if code == 0 or time.monotonic() > deadline:
+            assert code == 0, f"{script!r} still failing after {timeout}s"
+            return out
+        await asyncio.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vm")
+    images = ImageService(root)
+    images.ensure_busybox()
+    yield root, images
+    images.unmount_all()
+    left = list((root / "sandboxes").iterdir()) if (root / "sandboxes").exists() else []
+    shutil.rmtree(root)
+    assert not left, f"sandbox files left behind: {left}"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def vm(state):
+    root, images = state
+    backend = VMBackend(root, images, config=MicroVMConfig(guest_dir=GUEST_DIR,
+                                                           boot_timeout_s=240))
+    rec = record("sb-vmshared")
+    rec.runtime = await backend.start(rec)
+    yield backend, rec
+    d = backend.sandbox_dir(rec.id)
+    await backend.stop(rec)
+    assert read_pid(d) is None and not d.exists()
+
+
+async def test_vm_boots_its_own_disk_with_its_own_init(vm):
+    backend, rec = vm
+    code, out = await run(backend, rec, "cat /proc/1/comm; hostname; cat /proc/cmdline; "
+                                        "grep ' / ' /proc/mounts")
+    comm, hostname, cmdline, root = out.decode().splitlines()
+    assert (code, comm, hostname) == (0, "init", "sb-vmshared")
+    assert "dsec.root=disk" in cmdline and root.startswith("/dev/vda1 / ")
+
+
+async def test_screenshot_is_a_png_of_the_display(vm):
+    backend, rec = vm
+    png = await backend.screenshot(rec)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png_size(png)[0] >= 640
+
+
+async def test_typed_text_reaches_the_guest_console(vm):
+    backend, rec = vm
+    # tty1 runs a shell (the disk's inittab); what is typed there runs in the guest.
+    await backend.type_text(rec, "touch /tmp/Typed_1\n")
+    await eventually(backend, rec, "test -e /tmp/Typed_1")
+
+
+async def test_click_reaches_the_guest_pointer(vm):
+    backend, rec = vm
+    dev = await eventually(backend, rec, "grep -l -i tablet /sys/class/input/event*/device/name")
+    event = "/dev/input/" + dev.decode().split("/")[4]
+    await run(backend, rec, f"head -c 24 {event} > /tmp/ev 2>/dev/null &")
+    await asyncio.sleep(1)
+    await backend.click(rec, 100, 50)
+    await eventually(backend, rec, "test -s /tmp/ev", timeout=10)
+
+
+async def test_vm_pause_to_disk_and_restore(vm):
+    backend, rec = vm
+    await run(backend, rec, "echo still > /root-file")
+    backend.config.pause_to_disk = True
+    try:
+        await backend.pause(rec)
+        assert read_pid(backend.sandbox_dir(rec.id)) is None
+        await backend.resume(rec)
+    finally:
+        backend.config.pause_to_disk = False
+    assert await run(backend, rec, "cat /root-file") == (0, b"still\n")
+
+
+async def test_microvm_has_no_display(state):
+    root, images = state
+    backend = MicroVMBackend(root, images, config=MicroVMConfig(guest_dir=GUEST_DIR))
+    with pytest.raises(Unsupported):
+        await backend.screenshot(record("sb-none", "microvm"))
+    with pytest.raises(Unsupported):
+        await backend.type_text(record("sb-none", "microvm"), "x")
