@@ -8,7 +8,8 @@
 
 from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArgument,
                              NotFound, SandboxStopped, SandboxTimeout, TrajectoryDiverged,
-                             Unauthorized, Unavailable, Unsupported)
+                             RemoteError, Unauthorized, Unavailable, Unsupported)
+from dsec.api.fncall import FnCallResult
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
 from dsec.sdk import AsyncClient, AsyncSandbox, AsyncShell, Client, Sandbox, Shell
 
@@ -16,8 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
-    "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
+    "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
     "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
     "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Unavailable",
-    "Internal",
+    "RemoteError", "Internal",
 ]

@@ -38,7 +38,7 @@ async def test_stop_removes_every_trace(client, server):
     await sb.stop()
     assert not d.exists()
     assert not (server.state_dir / "runc" / sb.id).exists()
-    assert not detect().exists(f"/dsec/{sb.id}")
+    assert detect().leftovers(f"/dsec/{sb.id}") == []
     assert sb.id not in open("/proc/self/mountinfo").read()
     with pytest.raises(dsec.NotFound):
         await client.get(sb.id)

@@ -29,10 +29,10 @@ def test_same_signatures():
 def test_public_names():
     assert set(dsec.__all__) == {
         "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
-        "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo",
+        "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
         "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
         "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
-        "Unavailable", "Internal"}
+        "Unavailable", "RemoteError", "Internal"}
     for name in dsec.__all__:
         assert getattr(dsec, name) is not None
 

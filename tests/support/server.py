@@ -117,4 +117,19 @@ def leftovers(state_dir: Path) -> list[str]:
     sb_dir = state_dir / "sandboxes"
     if sb_dir.is_dir():
         found += [f"dir {p.name}" for p in sb_dir.iterdir()]
+    db = state_dir / "node.db"
+    if db.exists():
+        from dsec.node.store import NodeStore
+        store = NodeStore(db)
+        short = (store.meta("node_id") or "node-?").removeprefix("node-")
+        store.close()
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/dsec/sb-{short}-*")]
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"dsec/sb-{short}-*")]
     return found
+
+
+def cgroup_leftovers(sb_ids: list[str]) -> list[str]:
+    """cgroup directories of stopped sandboxes still present in any hierarchy."""
+    from dsec.node.host.cgroups import detect
+    driver = detect()
+    return [f"{sb}:{h}" for sb in sb_ids for h in driver.leftovers(f"/dsec/{sb}")]

@@ -20,6 +20,7 @@ __all__ = [
     "Conflict",
     "TrajectoryDiverged",
     "Unavailable",
+    "RemoteError",
     "Internal",
     "ERROR_TABLE",
     "error_from_wire",
@@ -100,6 +101,21 @@ class Unavailable(DSecError, ConnectionError):
     code, status = "unavailable", 503
 
 
+class RemoteError(DSecError, RuntimeError):
+    """A called function raised; ``remote_traceback`` is the traceback from the worker."""
+
+    code, status = "remote_error", 500
+
+    def __init__(self, message: str = "", remote_type: str = "",
+                 remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return f"{self.message}\n\nRemote traceback:\n{self.remote_traceback}"
+
+
 class Internal(DSecError, RuntimeError):
     """An unexpected failure on the server; the message says where."""
 
@@ -109,7 +125,8 @@ class Internal(DSecError, RuntimeError):
 ERROR_TABLE: dict[str, type[DSecError]] = {
     cls.code: cls
     for cls in (NotFound, InvalidArgument, Unauthorized, Capacity, SandboxTimeout,
-                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, Internal)
+                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, RemoteError,
+                Internal)
 }
 
 

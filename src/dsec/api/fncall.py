@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator,
                       model_validator)
 
-from dsec.api.errors import DSecError, SandboxTimeout
+from dsec.api.errors import RemoteError, SandboxTimeout
 
 __all__ = ["Language", "FnCallRequest", "FnCallResult", "FnCallBatch", "FnCallBatchResult",
            "RemoteErrorInfo", "RemoteError", "LANGUAGES"]
@@ -139,17 +139,3 @@ class FnCallBatch(BaseModel):
 class FnCallBatchResult(BaseModel):
     results: list[FnCallResult]
 
-
-class RemoteError(DSecError, RuntimeError):
-    """A called function raised; ``remote_traceback`` is the traceback from the worker."""
-
-    code, status = "remote_error", 500
-
-    def __init__(self, message: str = "", remote_type: str = "",
-                 remote_traceback: str = "") -> None:
-        super().__init__(message)
-        self.remote_type = remote_type
-        self.remote_traceback = remote_traceback
-
-    def __str__(self) -> str:
-        return f"{self.message}\n\nRemote traceback:\n{self.remote_traceback}"

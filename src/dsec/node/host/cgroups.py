@@ -55,6 +55,9 @@ class CgroupDriver:
     def remove(self, rel: str) -> None:
         raise NotImplementedError
 
+    def leftovers(self, rel: str) -> list[str]:
+        raise NotImplementedError
+
     def procs(self, rel: str) -> list[int]:
         """Pids in the cgroup (and below); empty when it is gone."""
         raise NotImplementedError
@@ -103,8 +106,16 @@ class CgroupV1(CgroupDriver):
         return self._dir("memory", rel).is_dir()
 
     def remove(self, rel: str) -> None:
-        for ctrl in V1_CONTROLLERS:
-            _rmdir_tree(self._dir(ctrl, rel))
+        # runc also makes the cgroup in the named (systemd) and, on hybrid hosts, the
+        # unified hierarchy: remove it from every hierarchy mounted here.
+        for hierarchy in ROOT.iterdir():
+            if hierarchy.is_dir() and not hierarchy.is_symlink():
+                _rmdir_tree(hierarchy / rel.lstrip("/"))
+
+    def leftovers(self, rel: str) -> list[str]:
+        """Hierarchies where the cgroup still exists (for tests and leak checks)."""
+        return [h.name for h in ROOT.iterdir()
+                if h.is_dir() and not h.is_symlink() and (h / rel.lstrip("/")).exists()]
 
     def procs(self, rel: str) -> list[int]:
         return _procs_under(self._dir("memory", rel), "cgroup.procs")
@@ -149,6 +160,9 @@ class CgroupV2(CgroupDriver):
 
     def remove(self, rel: str) -> None:
         _rmdir_tree(self._dir(rel))
+
+    def leftovers(self, rel: str) -> list[str]:
+        return ["unified"] if self._dir(rel).exists() else []
 
     def procs(self, rel: str) -> list[int]:
         return _procs_under(self._dir(rel), "cgroup.procs")
