@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.table import Table
 
 import dsec
 from dsec.cli.common import age, cli_errors, err, mib, out
 
-__all__ = ["images", "nodes"]
+__all__ = ["images", "nodes", "image_table"]
 
 
 @cli_errors
@@ -18,16 +20,23 @@ def images() -> None:
     if not found:
         err.print("no images")
         return
+    out.print(image_table([(im.name, im.digest, im.layers, im.size, im.created)
+                           for im in found]))
+
+
+def image_table(rows: list[tuple[str, str, int, int, float | None]]) -> Table:
+    """The table of ``dsec images`` from (name, digest, layers, size, created) rows."""
     table = Table(box=None, header_style="bold")
     table.add_column("NAME", no_wrap=True)
     table.add_column("DIGEST", no_wrap=True)
     table.add_column("LAYERS", justify="right")
     table.add_column("SIZE", justify="right")
     table.add_column("AGE", justify="right")
-    for im in sorted(found, key=lambda i: i.name):
-        digest = im.digest.split(":", 1)[-1][:12]
-        table.add_row(im.name, digest, str(im.layers), mib(im.size), age(im.created))
-    out.print(table)
+    now = time.time()
+    for name, digest, layers, size, created in sorted(rows, key=lambda r: r[0]):
+        table.add_row(name, digest.split(":", 1)[-1][:12], str(layers), mib(size),
+                      age(created, now))
+    return table
 
 
 @cli_errors

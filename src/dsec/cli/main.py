@@ -11,6 +11,7 @@ import typer
 from dsec.cli.demo import demo
 from dsec.cli.execute import exec_
 from dsec.cli.files import cp
+from dsec.cli.image import image_app
 from dsec.cli.images import images, nodes
 from dsec.cli.sandboxes import create, ls, rm
 from dsec.cli.serve import serve
@@ -33,3 +34,4 @@ app.command()(rm)
 app.command()(images)
 app.command()(nodes)
 app.command()(demo)
+app.add_typer(image_app)

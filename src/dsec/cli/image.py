@@ -1,0 +1,330 @@
+"""``dsec image ...``: build, import and manage images in this node's layer store.
+
+Unlike the other commands these do not talk to a server: they open the layer store under
+the node's state directory (``--state-dir``, else $DSEC_STATE_DIR, else /var/lib/dsec)
+directly, so they run on the node machine, as root (builds and merges mount layers).
+A running node sees what they write at once: tags are files replaced atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from dsec.cli.common import cli_errors, err, fail, mib, out, parse_pairs
+from dsec.cli.images import image_table
+
+if TYPE_CHECKING:
+    from dsec.images import ImageInfo, ImageService, LayerInfo
+
+__all__ = ["image_app", "detect_image_kind", "overlay_layers"]
+
+ON_NODE = "Runs on the node machine, as root, against its local layer store."
+DEFAULT_STATE_DIR = Path("/var/lib/dsec")
+
+image_app = typer.Typer(
+    name="image", no_args_is_help=True, add_completion=False,
+    help="Build, import and manage images in this node's layer store. " + ON_NODE)
+
+StateDir = Annotated[Path, typer.Option(
+    "--state-dir", envvar="DSEC_STATE_DIR", show_default=True,
+    help="the node's state directory (its layer store is STATE_DIR/images)")]
+Tag = Annotated[str, typer.Option("--tag", "-t", help="tag of the result, e.g. "
+                                                      "'workspace/repo:v1'")]
+
+F = TypeVar("F", bound=Callable)
+
+
+def on_node(fn: F) -> F:
+    """cli_errors, plus one line for OS errors (a store this user cannot write: not root)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PermissionError as exc:
+            fail(f"{exc}; dsec image commands run on the node machine as root")
+        except OSError as exc:
+            fail(str(exc))
+    return cli_errors(wrapper)  # type: ignore[return-value]
+
+
+def _service(state_dir: Path, remote: str | None = None,
+             token: str | None = None) -> ImageService:
+    from dsec.images import ImageService, RemoteConfig  # the store loads only here
+
+    return ImageService(state_dir, remote=RemoteConfig(url=remote, token=token)
+                        if remote else None)
+
+
+def _ensure_builtin(svc: ImageService, refs: list[str | None]) -> None:
+    """Make the built-in busybox image on first use, as the node does when it starts."""
+    if any(r in ("busybox", "busybox:latest") for r in refs):
+        svc.ensure_busybox()
+
+
+def _print_layer(info: LayerInfo) -> None:
+    if info.tag:
+        out.print(f"tag       {info.tag}")
+    out.print(f"layer     {info.digest}  ({info.id}, {mib(info.size)})")
+    if info.manifest_digest:
+        out.print(f"manifest  {info.manifest_digest}")
+
+
+def _print_image(info: ImageInfo) -> None:
+    out.print(f"tag       {info.name}")
+    out.print(f"manifest  {info.manifest_digest}")
+    out.print(f"layers    {info.layers} ({mib(info.size)})")
+
+
+@image_app.command()
+@on_node
+def build(
+    spec: Annotated[Path, typer.Argument(help="spec file (TOML, or JSON if it ends in .json)")],
+    context: Annotated[Path | None, typer.Option(
+        help="folder copy steps read from; default: the spec file's folder")] = None,
+    tag: Annotated[str | None, typer.Option(
+        "--tag", "-t", help="tag of the result; default: the spec's 'tag'")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Build a layer from a spec file: run its steps on the base, pack the changes, tag it.
+
+    Steps run with unshare + chroot on an overlay of the base image.
+
+    Runs on the node machine, as root, against its local layer store."""
+    from dsec.images.build import load_spec
+
+    loaded = load_spec(spec)
+    if tag is not None:
+        loaded = loaded.model_copy(update={"tag": tag})
+    svc = _service(state_dir)
+    _ensure_builtin(svc, [loaded.base, *loaded.layers])
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+    with progress:
+        bar = progress.add_task(f"base {loaded.base}", total=len(loaded.steps) or None)
+
+        def step(i: int, n: int, text: str) -> None:
+            progress.console.print(Text(f"step {i}/{n}: {text}"))
+            progress.update(bar, total=n, completed=i - 1, description=_short(text))
+
+        info = svc.build(loaded, context or spec.parent, progress=step)
+    _print_layer(info)
+
+
+def _short(text: str, width: int = 48) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+@image_app.command("import")
+@on_node
+def import_(
+    path: Annotated[Path, typer.Argument(
+        help="OCI layout (dir or tar), `docker save` tar, or a rootfs dir or tar")],
+    tag: Annotated[str | None, typer.Option(
+        "--tag", "-t", help="tag of the result; default: the name the image records "
+                            "(required for a rootfs)")] = None,
+    rootfs: Annotated[bool, typer.Option(
+        "--rootfs", help="take PATH as a root filesystem even if it looks like an image")
+    ] = False,
+    ref: Annotated[str | None, typer.Option(
+        help="which image of a layout or tarball holding several")] = None,
+    base: Annotated[str | None, typer.Option(
+        help="rootfs only: stack the layer on this image (its config is kept)")] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        metavar="KEY=VALUE", help="rootfs only: environment of the image (repeatable)")
+    ] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Import an image (OCI layout, `docker save` tar) or a rootfs (dir or tar) as a layer.
+
+    PATH is an image if an index.json or manifest.json sits at its top, else a rootfs.
+
+    Tar entries are checked: no '..', absolute paths, devices or links out; no setuid.
+
+    Runs on the node machine, as root, against its local layer store."""
+    if not path.exists():
+        fail(f"{path} does not exist")
+    if rootfs and path.is_file() and not tarfile.is_tarfile(path):
+        fail(f"{path} is neither a directory nor a tar archive (plain, gzip, bzip2 or xz)")
+    kind = "rootfs" if rootfs else detect_image_kind(path)
+    svc = _service(state_dir)
+    if kind == "image":
+        if base is not None or env:
+            fail(f"{path} is an image; --base and --env apply to a rootfs (add --rootfs)")
+        with err.status(f"importing {path}"):
+            _print_image(svc.import_image(path, tag, ref))
+        return
+    if tag is None:
+        fail(f"importing {path} as a rootfs needs --tag (nothing else would name the layer)")
+    config = None
+    _ensure_builtin(svc, [base])
+    if base is not None or env:
+        from dsec.images import ImageConfig
+
+        base_config = svc.manifest(base).config if base is not None else ImageConfig()
+        config = base_config.model_copy(
+            update={"env": {**base_config.env, **parse_pairs(env, "--env")}})
+    with err.status(f"importing {path} as a rootfs"):
+        _print_layer(svc.import_rootfs(path, tag, config, base))
+
+
+def detect_image_kind(path: Path) -> str:
+    """``"image"`` if ``path`` (dir or tar) has index.json or manifest.json at its top,
+    else ``"rootfs"``. Reads only tar headers (all of them, for a rootfs)."""
+    names = {"index.json", "manifest.json"}
+    if path.is_dir():
+        return "image" if any((path / n).is_file() for n in names) else "rootfs"
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                if member.isfile() and member.name.removeprefix("./") in names:
+                    return "image"
+    except (tarfile.TarError, EOFError) as exc:
+        from dsec.api.errors import InvalidArgument
+
+        raise InvalidArgument(f"{path} is neither a directory nor a tar archive (plain, "
+                              f"gzip, bzip2 or xz)") from exc
+    return "rootfs"
+
+
+@image_app.command()
+@on_node
+def merge(
+    ref: Annotated[str, typer.Argument(help="image whose layers to merge")],
+    tag: Tag,
+    start: Annotated[int, typer.Option(min=0, help="first layer to merge (0 = bottom)")] = 0,
+    count: Annotated[int | None, typer.Option(
+        min=1, help="how many layers to merge; default: up to the top")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Merge consecutive layers of an image into one (whiteouts kept) and tag the result.
+
+    The image's filesystem is unchanged; REF itself is left as it was.
+
+    Runs on the node machine, as root, against its local layer store."""
+    svc = _service(state_dir)
+    _ensure_builtin(svc, [ref])
+    with err.status(f"merging layers of {ref}"):
+        info = svc.merge(ref, tag, start, count)
+    _print_layer(info)
+    out.print(f"layers    {len(svc.manifest(info.manifest_digest).layers)}")
+
+
+@image_app.command("tag")
+@on_node
+def tag_(
+    src: Annotated[str, typer.Argument(help="existing tag or manifest digest")],
+    dst: Annotated[str, typer.Argument(help="new tag, e.g. 'python:3.11'")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Point tag DST at the image SRC names (DST is replaced if it exists).
+
+    Runs on the node machine, as root, against its local layer store."""
+    from dsec.images.refs import normalize_ref
+
+    svc = _service(state_dir)
+    _ensure_builtin(svc, [src])
+    digest = svc.tag(normalize_ref(dst), src)
+    out.print(f"{normalize_ref(dst)} -> {digest}")
+
+
+@image_app.command()
+@on_node
+def rm(
+    tags: Annotated[list[str], typer.Argument(help="tags to remove")],
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Remove tags. Their layers stay until `dsec image gc` finds nothing uses them.
+
+    Runs on the node machine, as root, against its local layer store."""
+    from dsec.images.refs import normalize_ref
+
+    svc = _service(state_dir)
+    for t in tags:
+        svc.untag(normalize_ref(t))
+        out.print(f"untagged {normalize_ref(t)}")
+
+
+@image_app.command()
+@on_node
+def ls(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+    """List the images (tags) of this node's layer store, as `dsec images` does.
+
+    Runs on the node machine, as root, against its local layer store."""
+    found = _service(state_dir).list_images()
+    if not found:
+        err.print("no images")
+        return
+    out.print(image_table([(i.name, i.manifest_digest, i.layers, i.size,
+                            i.created.timestamp()) for i in found]))
+
+
+@image_app.command()
+@on_node
+def gc(
+    grace: Annotated[float, typer.Option(
+        min=0, help="keep files younger than this many seconds (a build in flight)")] = 600.0,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Delete manifests no tag names and layers no kept manifest lists.
+
+    Layers a mounted overlay stacks (a sandbox's root filesystem) are kept.
+
+    Runs on the node machine, as root, against its local layer store."""
+    svc = _service(state_dir)
+    with open("/proc/self/mounts") as f:
+        in_use = overlay_layers(f.read(), svc.mounts.mnt_dir)
+    plan = svc.gc(in_use=in_use, grace_s=grace)
+    for d in plan.layers:
+        out.print(f"removed layer     {d}")
+    for d in plan.manifests:
+        out.print(f"removed manifest  {d}")
+    err.print(f"removed {len(plan.layers)} layers and {len(plan.manifests)} manifests, "
+              f"freed {mib(plan.bytes_freed)}")
+
+
+def overlay_layers(mounts: str, mnt_dir: Path) -> set[str]:
+    """Digests of the layers under ``mnt_dir`` that overlays in ``mounts`` (the text of
+    /proc/self/mounts) stack. Overlayfs keeps private clones of its lower mounts, so a
+    layer's own mount is never busy: the overlays' options are the only witness of use."""
+    layer = re.compile(re.escape(str(mnt_dir).replace(" ", "\\040")) + r"/([0-9a-f]{64})\b")
+    return {"sha256:" + m.group(1) for line in mounts.splitlines()
+            if line.split(" ")[2:3] == ["overlay"] for m in layer.finditer(line)}
+
+
+@image_app.command()
+@on_node
+def push(
+    ref: Annotated[str, typer.Argument(help="tag or manifest digest to push")],
+    to: Annotated[str | None, typer.Option(
+        metavar="URL", help="remote layer store (a dsec gateway); default $DSEC_URL")] = None,
+    tag: Annotated[str | None, typer.Option(
+        "--tag", "-t", help="tag it gets there; default REF")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="DSEC_TOKEN", show_envvar=True, help="bearer token of the remote store")
+    ] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Upload an image to a remote layer store; layers it already has are skipped.
+
+    Runs on the node machine, as root, against its local layer store."""
+    url = to or os.environ.get("DSEC_URL")
+    if not url:
+        fail("push needs a remote layer store: pass --to URL or set DSEC_URL")
+    local = _service(state_dir)
+    _ensure_builtin(local, [ref])
+    local.manifest_digest(ref)  # a local image: never pull it while pushing
+    svc = _service(state_dir, remote=url, token=token)
+    with err.status(f"pushing {ref} to {url}"):
+        digest = svc.push(ref, tag)
+    out.print(f"pushed {tag or ref} -> {digest}")
