@@ -64,8 +64,10 @@ async def main(quick: bool) -> None:
     rows = [
         ["pause the job (jobs.pause)", f"{t_pause:.2f} s", f"{t_pause / n * 1000:.1f} ms"],
         ["resume the job (jobs.resume)", f"{t_resume:.2f} s", f"{t_resume / n * 1000:.1f} ms"],
-        ["first exec on a paused sandbox (p50)", "", common.fmt_ms(statistics.median(paused_exec)) + " ms"],
-        ["exec on a running sandbox (p50)", "", common.fmt_ms(statistics.median(running_exec)) + " ms"],
+        ["first exec on a paused sandbox (p50)", "",
+         common.fmt_ms(statistics.median(paused_exec)) + " ms"],
+        ["exec on a running sandbox (p50)", "",
+         common.fmt_ms(statistics.median(running_exec)) + " ms"],
         ["baseline: stop the job", f"{t_stop:.2f} s", f"{t_stop / n * 1000:.1f} ms"],
         [f"baseline: create_many({n}) again", f"{t_recreate:.2f} s",
          f"{t_recreate / n * 1000:.1f} ms"],

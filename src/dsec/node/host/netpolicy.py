@@ -106,23 +106,23 @@ def render_sandbox_table() -> str:
 
 
 def render_host_tables() -> str:
-    return f"""table inet dsec_host {{
-  chain input {{
+    return """table inet dsec_host {
+  chain input {
     type filter hook input priority 0; policy accept;
     iifname "dsv*" ct state established,related accept
     iifname "dsv*" counter drop
-  }}
-  chain forward {{
+  }
+  chain forward {
     type filter hook forward priority 0; policy accept;
     iifname "dsv*" oifname "dsv*" counter drop
-  }}
-}}
-table ip dsec_nat {{
-  chain postrouting {{
+  }
+}
+table ip dsec_nat {
+  chain postrouting {
     type nat hook postrouting priority srcnat; policy accept;
     iifname "dsv*" oifname != "dsv*" masquerade
-  }}
-}}
+  }
+}
 """
 
 
