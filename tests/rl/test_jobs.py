@@ -40,6 +40,12 @@ async def test_pause_freezes_every_sandbox_and_a_request_resumes_one(client, job
     assert (await client.jobs.get(name)).states == {"paused": 2, "running": 1}
 
 
+async def test_attach_by_job_returns_every_sandbox(client, job):
+    name, sbs = job
+    attached = await client.jobs.attach(name)
+    assert sorted(sb.id for sb in attached) == sorted(sb.id for sb in sbs)
+
+
 async def test_jobs_list_counts_and_reserves(client, job):
     name, _ = job
     [info] = [j for j in await client.jobs.list() if j.job == name]

@@ -9,7 +9,7 @@ from dsec.sdk.sync import Jobs
 
 def test_sync_jobs_mirror_async_jobs():
     names = {n for n, f in vars(AsyncJobs).items() if not n.startswith("_") and callable(f)}
-    assert names == {"list", "get", "pause", "resume", "stop", "heartbeat"}
+    assert names == {"list", "get", "attach", "pause", "resume", "stop", "heartbeat"}
     for n in names:
         assert inspect.signature(getattr(Jobs, n)) == inspect.signature(getattr(AsyncJobs, n))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
+from dsec.sdk.sandbox import AsyncSandbox
 
 if TYPE_CHECKING:
     from dsec.sdk.client import AsyncClient
@@ -26,6 +27,10 @@ class AsyncJobs:
     async def get(self, job: str) -> JobInfo:
         resp = await self._client._request("GET", f"/v1/jobs/{job}")
         return JobInfo.model_validate(resp.json())
+
+    async def attach(self, job: str) -> list[AsyncSandbox]:
+        """Reconnect to every sandbox of the job (a trainer back from preemption)."""
+        return [AsyncSandbox(self._client, info) for info in await self._client.list(job=job)]
 
     async def pause(self, job: str) -> JobInfo:
         """Freeze every sandbox of the job (the trainer went away); files and processes stay.
