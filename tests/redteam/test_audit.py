@@ -21,3 +21,12 @@ async def test_audit_lists_denied_network_and_divergent_replays(peer, net_client
     finally:
         await sb.stop()
         await bystander.stop()
+
+
+async def test_network_denials_stay_in_the_audit_after_the_sandbox_stopped(peer, net_client):
+    sb = await net_client.create(network={"peer": True}, memory_mb=128)
+    await sb.exec("nc -w 1 192.0.2.10 6379 </dev/null")
+    await sb.stop()
+    records = await sb.audit()
+    assert [(r.kind, r.detail, r.count) for r in records] == [
+        ("network_denied", "tcp 192.0.2.10:6379", 1)]

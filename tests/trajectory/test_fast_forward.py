@@ -67,3 +67,11 @@ async def test_a_paused_sandbox_is_fast_forwarded_without_resuming(sandbox):
     await sandbox.pause()
     await sandbox.exec(COUNT, step="p0")
     assert (await sandbox.refresh()).state == "paused"
+
+
+async def test_a_retried_step_still_running_is_not_run_twice(sandbox):
+    import asyncio
+    cmd = "sleep 0.5; " + COUNT
+    a, b = await asyncio.gather(sandbox.exec(cmd, step="slow"), sandbox.exec(cmd, step="slow"))
+    assert a == b and a.stdout == "1\n"
+    assert await _runs(sandbox) == 1

@@ -6,14 +6,18 @@ module stays about lifecycles.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from dsec.api.errors import DSecError
 from dsec.api.rl import AuditRecord, NetworkStatus
 
 if TYPE_CHECKING:
     from dsec.node.service import NodeService
 
-__all__ = ["set_network", "network_status", "audit_records"]
+__all__ = ["set_network", "network_status", "audit_records", "keep_network_audit"]
+
+log = logging.getLogger("dsec.node")
 
 
 async def set_network(node: NodeService, sb_id: str, allow: dict[str, bool]) -> NetworkStatus:
@@ -44,3 +48,18 @@ async def audit_records(node: NodeService, sb_id: str) -> list[AuditRecord]:
                                 detail=f"{f.protocol} {f.address}:{f.port}", count=f.packets)
                     for f in status.denied]
     return records
+
+
+async def keep_network_audit(node: NodeService, rec) -> None:
+    """Before a sandbox with egress stops, its refused destinations go into the audit log
+    (while it runs they are read live from its namespace)."""
+    if "net" not in rec.runtime:
+        return
+    try:
+        _, denied = await node.network.status(rec)
+    except DSecError as exc:  # never let auditing block a stop
+        log.warning("could not read network denials of %s: %s", rec.id, exc)
+        return
+    for f in denied:
+        node.trajectory.log.audit(rec.id, "network_denied", f"{f.protocol} {f.address}:{f.port}",
+                                  f.packets)

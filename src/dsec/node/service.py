@@ -30,6 +30,7 @@ from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
 from dsec.placement.admission import NodeLoad, admit
 from dsec.node.host.netpolicy import NetworkManager
+from dsec.node.network import keep_network_audit
 from dsec.rl.jobs import reap_leases
 from dsec.trajectory.recorder import Recorder, recorded, recorded_stream
 
@@ -280,6 +281,7 @@ class NodeService:
         rec.state = "stopped"
         for sh_id in [k for k, s in self.shells.items() if s.sandbox_id == sb_id]:
             self.shells.pop(sh_id).close()
+        await keep_network_audit(self, rec)
         try:
             await self.backends[rec.spec.backend].stop(rec)
         finally:
