@@ -93,7 +93,9 @@ def host_tsc_khz() -> int | None:
 
 def base_kernel_words(accel: str) -> list[str]:
     """Kernel command line words every dsec guest boots with."""
-    words = ["console=ttyS0", "quiet", "panic=-1", "oops=panic"]
+    # A panic reboots at once, by triple fault (the one reset every machine type has);
+    # QEMU turns the reset into a pause (-action) that the node reports as a failure.
+    words = ["console=ttyS0", "quiet", "panic=-1", "oops=panic", "reboot=t"]
     khz = host_tsc_khz() if accel == "tcg" else None
     if khz:
         words += [f"tsc_early_khz={khz}", "tsc=reliable"]
@@ -198,11 +200,31 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _pids_naming(path: Path) -> list[int]:
+    """Processes whose command line names ``path`` (QEMU without a readable pid file)."""
+    needle, out = str(path).encode(), []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if needle in (p / "cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
 async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
-    """End this guest's QEMU (SIGTERM, then SIGKILL after ``grace_s``) and wait for it."""
+    """End this guest's QEMU (SIGTERM, then SIGKILL after ``grace_s``) and wait for it.
+
+    The pid file is the fast path; a scan for the pid file's path on command lines finds a
+    QEMU that died before writing it or whose file was lost."""
     pid = read_pid(workdir)
-    if pid is None:
-        return
+    pids = [pid] if pid is not None else _pids_naming(workdir / "qemu.pid")
+    for pid in pids:
+        await _kill(pid, grace_s)
+
+
+async def _kill(pid: int, grace_s: float) -> None:
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.kill(pid, sig)

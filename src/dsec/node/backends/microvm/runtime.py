@@ -4,6 +4,7 @@ directory (launch spec, agent port), readiness, and the guest's host memory."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ __all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch", "read_
            "port_connector", "wait_ready", "guest_status", "qemu_pss"]
 
 FAILED_STATES = {"shutdown", "guest-panicked", "internal-error", "io-error"}
+PANIC_MARK = "Kernel panic - not syncing"
 
 
 def make_scratch(path: Path, disk_mb: int) -> None:
@@ -61,17 +63,21 @@ async def wait_ready(d: Path, timeout_s: float) -> None:
     """Wait until the agent answers; fail early if the guest powered off or panicked."""
     deadline = time.monotonic() + timeout_s
     connector = port_connector(d)
-    while True:
+    for i in itertools.count():
         if await ping(connector, timeout=1.0):
             return
         status = await guest_status(d)
+        # A panic whose reboot does not happen would otherwise wait out the whole timeout.
+        if status is not None and status not in FAILED_STATES and i % 20 == 19:
+            if PANIC_MARK in await asyncio.to_thread(console_tail, d, 1 << 16):
+                status = "guest-panicked"
         if status is None or status in FAILED_STATES:
             tail = await asyncio.to_thread(console_tail, d)
             why = "QEMU exited" if status is None else f"the guest stopped ({status})"
-            raise Internal(f"microvm guest failed to boot: {why}; console:\n{tail}")
+            raise Internal(f"guest failed to boot: {why}; console:\n{tail}")
         if time.monotonic() > deadline:
             tail = await asyncio.to_thread(console_tail, d)
-            raise SandboxTimeout(f"microvm guest agent did not answer within {timeout_s:g}s; "
+            raise SandboxTimeout(f"guest agent did not answer within {timeout_s:g}s; "
                                  f"console:\n{tail}")
         await asyncio.sleep(0.1)
 
