@@ -4,7 +4,7 @@ import pytest
 
 import dsec
 from tests.redteam.conftest import net_client, net_server, peer  # noqa: F401 (fixtures)
-from tests.redteam.netpeer import HTTP_GET, PEER, sandbox_links
+from tests.redteam.netpeer import HTTP_GET, PEER, sandbox_links, wait_links_gone
 
 
 @pytest.fixture
@@ -59,9 +59,16 @@ async def test_the_sandbox_cannot_change_its_own_rules(net_sandbox):
 
 async def test_stopping_removes_the_host_end_of_the_veth(net_client):
     sb = await net_client.create(network={"docs": True}, memory_mb=128)
-    before = set(sandbox_links())
+    mine = set(sandbox_links())
     await sb.stop()
-    assert len(before - set(sandbox_links())) == 1
+    assert not wait_links_gone(mine)
+
+
+async def test_slots_are_reused_at_once_after_a_stop(net_client):
+    for _ in range(3):  # the same slot each time, while the last veth may still be dying
+        sb = await net_client.create(network={"docs": True}, memory_mb=128)
+        assert (await sb.network()).address == "10.215.0.2"
+        await sb.stop()
 
 
 def test_peer_address_is_outside_the_sandbox_subnet():

@@ -1,7 +1,7 @@
 import pytest
 
 import dsec
-from tests.redteam.netpeer import Peer, sandbox_links, sh, start_net_server
+from tests.redteam.netpeer import Peer, sandbox_links, sh, start_net_server, wait_links_gone
 from tests.support.server import leftovers
 
 
@@ -13,7 +13,7 @@ def net_server():
     left = leftovers(srv.state_dir)
     srv.destroy()
     assert not left, left
-    assert not sandbox_links(), "sandbox veths left behind"
+    assert not wait_links_gone(set(sandbox_links())), "sandbox veths left behind"
     assert "dsec_host" not in sh("nft list tables").stdout, "host tables left behind"
 
 

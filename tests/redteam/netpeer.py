@@ -67,3 +67,11 @@ def sandbox_links() -> list[str]:
 
 
 HTTP_GET = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {PEER} {PEER_PORT} | head -1"
+
+
+def wait_links_gone(names: set[str], timeout: float = 30) -> set[str]:
+    """The names still present after waiting: a dead namespace's veth goes asynchronously."""
+    deadline = time.time() + timeout
+    while (left := names & set(sandbox_links())) and time.time() < deadline:
+        time.sleep(0.1)
+    return left

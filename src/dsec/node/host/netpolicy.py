@@ -188,6 +188,10 @@ class NetworkManager:
         host_ip, sb_ip = slot_addresses(self.config.subnet, slot)
         await self._host_tables()
         host, peer = f"dsv{self.prefix}{slot}", f"dsp{self.prefix}{slot}"
+        if Path(f"/sys/class/net/{host}").exists():
+            # A stopped sandbox's namespace is torn down by the kernel asynchronously; its
+            # veth may outlive it briefly. No record holds this slot, so the link is stale.
+            await _run("ip", "link", "del", host)
         await _run("ip", "link", "add", host, "type", "veth", "peer", "name", peer,
                    "netns", str(pid))
         await _run("ip", "-batch", "-", stdin=f"addr add {host_ip}/30 dev {host}\n"
