@@ -14,7 +14,7 @@ from dsec.cli.files import cp
 from dsec.cli.image import image_app
 from dsec.cli.images import images, nodes
 from dsec.cli.sandboxes import create, ls, rm
-from dsec.cli.serve import serve
+from dsec.cli.serve import node, serve
 from dsec.cli.shell import shell
 
 __all__ = ["app"]
@@ -24,6 +24,7 @@ app = typer.Typer(name="dsec", no_args_is_help=True, add_completion=False,
                   help="Elastic sandboxes for agentic RL: run `dsec serve`, then `dsec demo`.")
 
 app.command()(serve)
+app.command()(node)
 app.command()(create)
 app.command()(ls)
 # Everything after the id belongs to the command, so `dsec exec ID ls -la` needs no `--`.

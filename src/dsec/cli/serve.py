@@ -9,7 +9,7 @@ import typer
 
 from dsec.cli.common import err
 
-__all__ = ["serve"]
+__all__ = ["serve", "node"]
 
 
 def serve(
@@ -24,6 +24,8 @@ def serve(
         metavar="IMAGE=N", help="keep N started sandboxes of IMAGE ready (repeatable)")] = None,
     ray: Annotated[str | None, typer.Option(
         metavar="ADDRESS", help="be a gateway over a Ray cluster's nodes ('auto' ok)")] = None,
+    images_remote: Annotated[str | None, typer.Option(
+        metavar="URL", help="load layers on demand from this layer store")] = None,
 ) -> None:
     """Run the dsec server on this machine until interrupted."""
     from dsec.gateway.server import serve as run_server  # the server stack loads only here
@@ -34,7 +36,7 @@ def serve(
     err.print("dsec: once it serves, try `dsec demo` from another terminal")
     try:
         run_server(state_dir, host=host, port=port, backends=backend,
-                   warm_pool=_pool(warm_pool), ray_address=ray)
+                   warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote)
     except KeyboardInterrupt:
         pass
 
@@ -47,3 +49,24 @@ def _pool(items: list[str] | None) -> dict[str, int]:
             raise typer.BadParameter(f"takes IMAGE=N; got {item!r}", param_hint="--warm-pool")
         pool[image] = int(n)
     return pool
+
+
+def node(
+    ray: Annotated[str, typer.Option(metavar="ADDRESS",
+                                     help="the Ray cluster to join ('auto' ok)")] = "auto",
+    token: Annotated[str | None, typer.Option(
+        envvar="DSEC_TOKEN", help="the cluster's API token (the gateway's)")] = None,
+    state_dir: Annotated[Path, typer.Option(help="this node's state directory")] = Path(
+        "/var/lib/dsec"),
+    backend: Annotated[list[str] | None, typer.Option(
+        help="backend to enable (repeatable)")] = None,
+) -> None:
+    """Start this machine's node agent in a Ray cluster (as a detached Ray actor)."""
+    from dsec.cluster.ray import main as node_main
+    if not token:
+        raise typer.BadParameter("the cluster token is required (or DSEC_TOKEN)",
+                                 param_hint="--token")
+    args = ["--address", ray, "--state-dir", str(state_dir), "--token", token]
+    for b in backend or []:
+        args += ["--backend", b]
+    node_main(args)
