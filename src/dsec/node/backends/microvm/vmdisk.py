@@ -82,7 +82,7 @@ def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str,
     for d in ["boot/extlinux", ".dsec", "etc/systemd/system/multi-user.target.wants",
               "proc", "sys", "dev", "tmp", "sbin"]:
         (root / d).mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(art.kernel, root / "boot/vmlinuz")
+    shutil.copyfile(art.bzimage, root / "boot/vmlinuz")
     shutil.copyfile(art.initrd, root / "boot/initrd.img")
     shutil.copyfile(agent, root / ".dsec/agent")
     shutil.copyfile(BUSYBOX, root / ".dsec/busybox")
