@@ -64,11 +64,13 @@ async def wait_ready(d: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     connector = port_connector(d)
     for i in itertools.count():
-        if await ping(connector, timeout=1.0):
+        # Short attempts: until the guest's network is up, QEMU accepts the connection
+        # and then holds it unanswered, so a long timeout would only add latency.
+        if await ping(connector, timeout=0.25):
             return
         status = await guest_status(d)
         # A panic whose reboot does not happen would otherwise wait out the whole timeout.
-        if status is not None and status not in FAILED_STATES and i % 20 == 19:
+        if status is not None and status not in FAILED_STATES and i % 8 == 7:
             if PANIC_MARK in await asyncio.to_thread(console_tail, d, 1 << 16):
                 status = "guest-panicked"
         if status is None or status in FAILED_STATES:
