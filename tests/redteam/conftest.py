@@ -1,14 +1,12 @@
 import pytest
 
 import dsec
-from tests.redteam.netpeer import Peer, sandbox_links, sh, start_net_server, wait_links_gone
+from tests.redteam.netpeer import (Peer, acquire, release, sandbox_links, sh, start_net_server,
+                                   wait_links_gone)
 from tests.support.server import leftovers
 
 
-@pytest.fixture(scope="session")
-def net_server():
-    srv = start_net_server()
-    yield srv
+def _destroy_server(srv) -> None:
     srv.stop_all_sandboxes()
     left = leftovers(srv.state_dir)
     srv.destroy()
@@ -18,10 +16,17 @@ def net_server():
 
 
 @pytest.fixture(scope="session")
+def net_server():
+    srv = acquire("server", start_net_server)
+    yield srv
+    release("server", _destroy_server)
+
+
+@pytest.fixture(scope="session")
 def peer():
-    p = Peer().start()
+    p = acquire("peer", lambda: Peer().start())
     yield p
-    p.stop()
+    release("peer", Peer.stop)
 
 
 @pytest.fixture

@@ -75,3 +75,24 @@ def wait_links_gone(names: set[str], timeout: float = 30) -> set[str]:
     while (left := names & set(sandbox_links())) and time.time() < deadline:
         time.sleep(0.1)
     return left
+
+
+# The net fixtures are defined in redteam/conftest.py and imported by tests/node too, so
+# pytest may hold two session instances: they share one server and one peer (two nodes
+# with one sandbox subnet on one host would fight over its routes).
+_shared: dict[str, list] = {}
+
+
+def acquire(name: str, factory):
+    if name not in _shared:
+        _shared[name] = [factory(), 0]
+    _shared[name][1] += 1
+    return _shared[name][0]
+
+
+def release(name: str, destroy) -> None:
+    entry = _shared[name]
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _shared[name]
+        destroy(entry[0])

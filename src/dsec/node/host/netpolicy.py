@@ -9,7 +9,8 @@ each refused destination with a packet count. The sandbox lacks CAP_NET_ADMIN, s
 cannot change its own rules. On the host, traffic from ``dsv*`` to the host itself or to
 another sandbox is dropped, whatever the sandbox's own table says.
 
-Permission names map to address sets in ``<state_dir>/network.json``::
+Permission names map to address sets in ``<state_dir>/network.json`` (two nodes on one
+host need two subnets: each routes its own /30s through its own veths)::
 
     {"subnet": "10.213.0.0/16",
      "permissions": {"pypi": {"addresses": ["192.0.2.0/24"], "ports": [443]}}}
