@@ -15,12 +15,13 @@ import pytest
 import pytest_asyncio
 
 from dsec.api.errors import Internal, SandboxTimeout, Unsupported
-from dsec.api.models import SandboxSpec
+from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.images import ImageService
 from dsec.node.agent.client import AgentProcess, SpawnRequest, ping
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
 from dsec.node.backends.microvm.qemu import read_pid
+from dsec.node.execution import run_exec
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -100,6 +101,14 @@ async def test_exec_runs_in_the_guest_kernel(guest):
     assert code == 3 and err == b"oops\n"
     assert kernel != os.uname().release and hostname == "sb-mvshared"
     assert await backend.alive(rec)
+
+
+async def test_node_exec_path_works_unchanged(guest):
+    backend, rec = guest
+    ok = await run_exec(backend, rec, ExecRequest(cmd="echo $HOME; pwd", cwd="/tmp"))
+    assert (ok.exit_code, ok.stdout) == (0, "/root\n/tmp\n")
+    slow = await run_exec(backend, rec, ExecRequest(cmd="sleep 30", timeout=1))
+    assert slow.timed_out and slow.duration_ms < 10_000
 
 
 async def test_memory_limit_is_the_guest_ram(guest):

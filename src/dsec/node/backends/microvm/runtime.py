@@ -40,11 +40,13 @@ def make_scratch(path: Path, disk_mb: int) -> None:
 
 
 def save_launch(spec: LaunchSpec) -> None:
+    """Record how the guest's QEMU was started and the agent's host port."""
     (spec.workdir / "port").write_text(str(spec.host_port))
     (spec.workdir / "launch.json").write_text(spec.model_dump_json())
 
 
 def read_port(d: Path) -> int:
+    """The loopback port forwarded to the guest's agent; refused when none runs."""
     try:
         return int((d / "port").read_text())
     except (OSError, ValueError) as exc:
@@ -66,7 +68,7 @@ async def wait_ready(d: Path, timeout_s: float) -> None:
     for i in itertools.count():
         # Short attempts: until the guest's network is up, QEMU accepts the connection
         # and then holds it unanswered, so a long timeout would only add latency.
-        if await ping(connector, timeout=0.25):
+        if await ping(connector, timeout=0.25 if i < 40 else 1.0):
             return
         status = await guest_status(d)
         # A panic whose reboot does not happen would otherwise wait out the whole timeout.
@@ -108,4 +110,5 @@ def qemu_pss(d: Path) -> int:
 
 
 def load_launch(d: Path) -> LaunchSpec:
+    """The LaunchSpec :func:`save_launch` recorded in ``d``."""
     return LaunchSpec.model_validate(json.loads((d / "launch.json").read_text()))
