@@ -59,3 +59,10 @@ def test_fingerprint_ignores_timeouts_and_caps():
     b = dict(a, timeout=60, max_output=1 << 20)
     assert fingerprint("exec", a) == fingerprint("exec", b)
     assert fingerprint("exec", a) != fingerprint("exec", dict(a, cwd="/tmp"))
+
+
+def test_a_step_sequence_restarts_with_the_same_keys():
+    from dsec.trajectory import StepSequence
+    first, again = StepSequence("ep3/"), StepSequence("ep3/")
+    assert [first.next() for _ in range(3)] == ["ep3/0", "ep3/1", "ep3/2"]
+    assert again.next() == "ep3/0"

@@ -5,8 +5,9 @@ matching in :mod:`.replay`). Client side: :func:`replay` re-runs a logged trajec
 fresh sandbox.
 """
 
+from dsec.trajectory.keys import StepSequence
 from dsec.trajectory.replay import Decision, KeyIndex, decide, fingerprint
 from dsec.trajectory.rerun import ReplayReport, load_log, replay
 
-__all__ = ["replay", "load_log", "ReplayReport", "decide", "fingerprint", "KeyIndex",
-           "Decision"]
+__all__ = ["replay", "load_log", "ReplayReport", "StepSequence", "decide", "fingerprint",
+           "KeyIndex", "Decision"]
