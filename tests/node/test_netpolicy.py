@@ -75,3 +75,15 @@ def test_peer_address_is_outside_the_sandbox_subnet():
     import ipaddress
     from tests.redteam.netpeer import SUBNET
     assert ipaddress.IPv4Address(PEER) not in ipaddress.IPv4Network(SUBNET)
+
+
+async def test_permissions_change_on_a_paused_sandbox_without_resuming_it(peer, net_client):
+    sb = await net_client.create(memory_mb=128)
+    try:
+        await sb.pause()
+        status = await sb.set_network({"peer": True})
+        assert status.address is not None
+        assert (await sb.refresh()).state == "paused"
+        assert (await sb.exec(HTTP_GET)).stdout.startswith("HTTP/1.0 200")
+    finally:
+        await sb.stop()
