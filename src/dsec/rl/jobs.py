@@ -69,6 +69,7 @@ class JobLeases:
 
 
 def _leases(node: NodeService) -> JobLeases:
+    # Kept on the node object, made on first use: the node service need not know leases.
     leases = getattr(node, "_job_leases", None)
     if leases is None:
         leases = node._job_leases = JobLeases(node.store)

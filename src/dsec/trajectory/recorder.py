@@ -45,7 +45,7 @@ class Recorder:
             idx = self._index[sb_id] = KeyIndex.of(self.log.keyed(sb_id))
         return idx
 
-    async def _decide(self, sb_id: str, step: str | None, kind: str, fp: str):
+    async def _decide(self, sb_id: str, step: str | None, fp: str):
         # The same key still running (a client retrying after a lost response) waits for
         # the first run and is then answered from the log instead of running twice.
         while step is not None and (fut := self._inflight.get((sb_id, step))) is not None:
@@ -68,7 +68,7 @@ class Recorder:
         step = getattr(request, "step", None)
         req = request.model_dump(exclude={"step"}) | (context or {})
         fp = fingerprint(kind, req)
-        decision = await self._decide(sb_id, step, kind, fp)
+        decision = await self._decide(sb_id, step, fp)
         if decision.action == "replay":
             entry = self.log.entry(sb_id, decision.seq)
             return result_type.model_validate(entry.result)
@@ -83,7 +83,7 @@ class Recorder:
         step = getattr(request, "step", None)
         req = request.model_dump(exclude={"step"})
         fp = fingerprint("exec", req)
-        decision = await self._decide(sb_id, step, "exec", fp)
+        decision = await self._decide(sb_id, step, fp)
         if decision.action == "replay":
             result = ExecResult.model_validate(self.log.entry(sb_id, decision.seq).result)
             for kind in ("stdout", "stderr"):
