@@ -19,22 +19,25 @@ import time
 import dsec
 from dsec.rl import AsyncSandboxEnv, Grader, Task
 
-# (buggy source, correct fix as a sed expression, hidden test)
+# (buggy source, correct fix as a sed expression, hidden test cases: call, expected output)
 TASKS = {
     "add": ("add() { echo $(($1 + $2 + 1)); }\n", "s/ + 1))/))/",
-            '[ "$(add 2 3)" = 5 ] && [ "$(add 0 0)" = 0 ]'),
+            [("add 2 3", "5"), ("add 0 0", "0")]),
     "mul": ("mul() { echo $(($1 + $2)); }\n", "s/\\$1 + \\$2/$1 * $2/",
-            '[ "$(mul 3 4)" = 12 ] && [ "$(mul 5 0)" = 0 ]'),
+            [("mul 3 4", "12"), ("mul 5 0", "0")]),
     "max": ("max() { if [ $1 -lt $2 ]; then echo $1; else echo $2; fi; }\n", "s/-lt/-gt/",
-            '[ "$(max 3 9)" = 9 ] && [ "$(max 7 2)" = 7 ]'),
+            [("max 3 9", "9"), ("max 7 2", "7")]),
     "neg": ("neg() { echo $1; }\n", "s/echo \\$1/echo $((0 - $1))/",
-            '[ "$(neg 5)" = -5 ] && [ "$(neg -2)" = 2 ]'),
+            [("neg 5", "-5"), ("neg -2", "2")]),
 }
 
 
 def make_task(name: str) -> Task:
-    src, _, test = TASKS[name]
-    hidden = f"#!/bin/sh\n. /repo/lib.sh\n{test}\n".encode()
+    src, _, cases = TASKS[name]
+    # The agent's code runs only inside $(...): an early `exit 0` in it cannot end the
+    # test with success, it only yields a wrong answer.
+    checks = " && ".join(f'[ "$(. /repo/lib.sh; {call})" = "{want}" ]' for call, want in cases)
+    hidden = f"#!/bin/sh\n{checks}\n".encode()
     return Task(prompt=f"The function {name} in /repo/lib.sh is wrong; fix it.",
                 files={"/repo/lib.sh": src.encode()},
                 grader=Grader(workspace="/repo", cmd="/grader/test.sh",

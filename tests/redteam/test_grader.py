@@ -43,3 +43,14 @@ async def test_an_honest_fix_still_passes_after_an_attempted_hack(client):
         assert result.exit_code == 0, result
     finally:
         await env.close()
+
+
+async def test_an_early_exit_in_the_graded_code_earns_nothing(client):
+    env = AsyncSandboxEnv(client, repair_task())
+    try:
+        await env.reset()
+        await env.step("sed -i '1i exit 0' /repo/calc.sh")
+        _, reward, *_ = await env.step({"name": "submit"})
+        assert reward == 0.0
+    finally:
+        await env.close()
