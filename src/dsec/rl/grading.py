@@ -23,7 +23,11 @@ __all__ = ["Grader", "grade", "outside"]
 
 @dataclass
 class Grader:
-    """Hidden files and the command that judges a workspace; exit 0 means success."""
+    """Hidden files and the command that judges a workspace; exit 0 means success.
+
+    The command should run the agent's code in a child (``$(...)``, a subprocess), never
+    source it into its own shell: an ``exit 0`` planted in the code would end the test
+    with success."""
 
     workspace: str
     cmd: str
