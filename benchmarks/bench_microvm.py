@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dsec.api.models import SandboxSpec
 from dsec.images import ImageService
-from dsec.node.agent.client import AgentProcess, SpawnRequest, unix_connector
+from dsec.node.agent.client import AgentProcess, SpawnRequest
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
 from dsec.node.backends.microvm.accel import bare_boot
@@ -113,12 +113,13 @@ def mem_available() -> int:
     return 0
 
 
-async def idle_memory(backend: MicroVMBackend, n: int, mem: int,
-                      settle_s: float) -> dict[str, float]:
+async def idle_memory(backend: MicroVMBackend, n: int, mem: int, settle_s: float,
+                      clones: bool) -> dict[str, float]:
     """MiB per idle guest (sum of QEMU Pss / n, and MemAvailable drop / n), KSM off then on."""
     saved = {k: ksm_read(k) for k in ("run", "pages_to_scan", "sleep_millisecs")}
-    backend.config.warm_start = True
-    await backend.ensure_template(record("sb-tpl", mem).spec)
+    backend.config.warm_start = clones
+    if clones:
+        await backend.ensure_template(record("sb-tpl", mem).spec)
     recs = [record(f"sb-bench-m{i}", mem) for i in range(n)]
     out: dict[str, float] = {}
     try:
@@ -143,6 +144,26 @@ async def idle_memory(backend: MicroVMBackend, n: int, mem: int,
             await backend.stop(r)
         ksm_set(run=saved["run"] if saved["run"] != 2 else 0,
                 pages_to_scan=saved["pages_to_scan"], sleep_millisecs=saved["sleep_millisecs"])
+    return out
+
+
+async def vm_boots(state: Path, images: ImageService, n: int, mem: int) -> list[float]:
+    """vm backend: q35 + SeaBIOS + extlinux + the disk's own init, to the first `true`."""
+    from dsec.node.backends.microvm import VMBackend
+    vm = VMBackend(state, images, config=MicroVMConfig(guest_dir=ROOT / "build" / "guest",
+                                                       ksm=False, boot_timeout_s=300))
+    out = []
+    for i in range(n + 1):  # the first builds the image's disk: not counted
+        rec = record(f"sb-bench-vm{i}", mem)
+        rec.spec = rec.spec.model_copy(update={"backend": "vm"})
+        t0 = time.perf_counter()
+        try:
+            rec.runtime = await vm.start(rec)
+            await agent_true(vm.connector(rec))
+            if i:
+                out.append(time.perf_counter() - t0)
+        finally:
+            await vm.stop(rec)
     return out
 
 
@@ -174,6 +195,7 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             await backend.stop(rec)
         ctr_rtt = await container_rtt(state, images, args.rtt)
+        vm = await vm_boots(state, images, max(1, n // 2), args.memory_mb) if args.vm else None
         print(f"\nmicrovm, accelerator: {accel.upper()}  (medians; n={n} boots, "
               f"{args.rtt} round trips; guest {args.memory_mb} MiB)\n")
         print("| figure | dsec microvm | baseline |")
@@ -183,9 +205,14 @@ async def main(args: argparse.Namespace) -> None:
         print(f"| restore from template to first exec | {med(warm)} | cold: {med(cold)} |")
         print(f"| exec round trip of `true` | {med(vm_rtt)} (TCP via QEMU user net) | "
               f"runc container (unix socket): {med(ctr_rtt)} |")
+        if vm:
+            print(f"| vm (q35, own disk and init) boot to first exec | {med(vm)} | microvm cold: "
+                  f"{med(cold)} |")
         if args.guests:
-            m = await idle_memory(backend, args.guests, args.memory_mb, args.settle)
-            print(f"| host memory per idle guest ({args.guests} clones, Pss) | KSM on: "
+            m = await idle_memory(backend, args.guests, args.memory_mb, args.settle,
+                                  clones=not args.cold_memory)
+            how = "cold-booted guests" if args.cold_memory else "template clones"
+            print(f"| host memory per idle guest ({args.guests} {how}, Pss) | KSM on: "
                   f"{m['pss_on']:.1f} MiB | KSM off: {m['pss_off']:.1f} MiB |")
             print(f"| same, MemAvailable drop / guest | KSM on: {m['avail_on']:.1f} MiB | "
                   f"KSM off: {m['avail_off']:.1f} MiB |")
@@ -203,6 +230,9 @@ if __name__ == "__main__":
     ap.add_argument("--guests", type=int, default=20, help="idle guests for memory (0: skip)")
     ap.add_argument("--memory-mb", type=int, default=256, help="guest RAM")
     ap.add_argument("--settle", type=float, default=15.0, help="idle seconds before measuring")
+    ap.add_argument("--cold-memory", action="store_true",
+                    help="measure memory on cold-booted guests instead of template clones")
+    ap.add_argument("--no-vm", dest="vm", action="store_false", help="skip the vm backend row")
     ap.add_argument("--quick", action="store_true", help="n=2, 20 round trips, 4 guests")
     a = ap.parse_args()
     if a.quick:

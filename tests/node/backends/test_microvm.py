@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -20,6 +21,8 @@ from dsec.images import ImageService
 from dsec.node.agent.client import AgentProcess, SpawnRequest, ping
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
+from dsec.node.backends.microvm.accel import detect_accel
+from dsec.node.backends.microvm.guest import ensure_guest
 from dsec.node.backends.microvm.qemu import read_pid
 from dsec.node.execution import run_exec
 
@@ -201,6 +204,16 @@ async def test_guest_oom_kill_is_counted(guest):
                             "done; wait")
     assert backend.oom_kills(rec) > before
     assert await backend.alive(rec)
+
+
+async def test_accel_probe_answer_is_remembered(tmp_path):
+    art = ensure_guest(GUEST_DIR)
+    # A QEMU that cannot boot anything: the probe must fall back to TCG and write it down.
+    assert await detect_accel(tmp_path, "/bin/false", art) == "tcg"
+    cache = tmp_path / "accel.json"
+    saved = json.loads(cache.read_text())
+    cache.write_text(json.dumps({**saved, "accel": "kvm"}))
+    assert await detect_accel(tmp_path, "/bin/false", art) == "kvm"  # no second probe
 
 
 async def test_network_permissions_are_unsupported(state):

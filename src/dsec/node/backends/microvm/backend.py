@@ -61,6 +61,10 @@ class MicroVMConfig(BaseModel):
                                                      "KVM probe's answer); default "
                                                      "<state>/microvm/guest")
     kernel_args: str = Field("", description="extra guest kernel command line words")
+    uncompressed_kernel: bool = Field(
+        True, description="boot the kernel's extracted ELF through PVH: about 3 s faster "
+                          "under TCG, but QEMU keeps a ~60 MiB copy of it per guest (identical "
+                          "in every guest, so KSM merges it)")
 
 
 class MicroVMBackend:
@@ -115,7 +119,8 @@ class MicroVMBackend:
         blobs = [self.images.store.blob_path(dg) for dg in resolved.layer_digests]
         spec = LaunchSpec(
             qemu=self.config.qemu, machine="microvm", accel=await self.accel(),
-            memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), kernel=art.kernel,
+            memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)),
+            kernel=art.kernel if self.config.uncompressed_kernel else art.bzimage,
             initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
             agent_port=self.config.agent_port, hostname=hostname,
             cmdline=self.config.kernel_args)
