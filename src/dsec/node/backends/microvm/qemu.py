@@ -136,6 +136,10 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
                        spec.scratch_format)
     if spec.boot_disk is not None:
         argv += _drive("boot", spec.boot_disk, False, "dsec-boot", spec.machine, "qcow2")
+    # Free page reporting: the guest hands pages it freed (boot leftovers, exited work)
+    # back to the host, so an idle guest costs what it uses, not what it once touched.
+    balloon = "virtio-balloon-device" if spec.machine == "microvm" else "virtio-balloon-pci"
+    argv += ["-device", f"{balloon},free-page-reporting=on"]
     restrict = "off" if spec.network else "on"
     # q35: no option ROM on the NIC (iPXE), the guest never boots from the network.
     net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci,romfile="
