@@ -23,7 +23,7 @@ from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
 from dsec.node.backends.microvm.accel import detect_accel
 from dsec.node.backends.microvm.guest import ensure_guest
-from dsec.node.backends.microvm.qemu import read_pid
+from dsec.node.backends.microvm.qemu import LaunchSpec, qemu_argv, read_pid
 from dsec.node.execution import run_exec
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
@@ -204,6 +204,16 @@ async def test_guest_oom_kill_is_counted(guest):
                             "done; wait")
     assert backend.oom_kills(rec) > before
     assert await backend.alive(rec)
+
+
+async def test_qemu_command_line_confines_the_guest(tmp_path):
+    spec = LaunchSpec(kernel=tmp_path / "k", initrd=tmp_path / "i", layers=[tmp_path / "l0"],
+                      scratch=tmp_path / "rw.img", workdir=tmp_path, host_port=4242)
+    argv = " ".join(qemu_argv(spec))
+    assert "restrict=on,hostfwd=tcp:127.0.0.1:4242-:7000" in argv  # loopback only, no egress
+    assert "ringbuf" in argv and "file:" not in argv  # console in bounded memory, no file
+    assert f"file={tmp_path / 'l0'},format=raw,readonly=on" in argv
+    assert "-sandbox on" in argv and "shutdown=pause" in argv
 
 
 async def test_accel_probe_answer_is_remembered(tmp_path):

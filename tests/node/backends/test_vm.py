@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from dsec.api.errors import Unsupported
+from dsec.api.errors import InvalidArgument, Unsupported
 from dsec.api.models import SandboxSpec
 from dsec.images import ImageService
 from dsec.node.agent.client import AgentProcess, SpawnRequest
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig, VMBackend
 from dsec.node.backends.microvm.qemu import read_pid
+from dsec.node.backends.microvm.keys import text_events
 from dsec.node.backends.microvm.vm import png_size
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400)]
@@ -120,6 +121,14 @@ async def test_vm_pause_to_disk_and_restore(vm):
     finally:
         backend.config.pause_to_disk = False
     assert await run(backend, rec, "cat /root-file") == (0, b"still\n")
+
+
+async def test_text_becomes_key_presses_with_shift_where_needed():
+    events = text_events("a!")
+    assert [e["data"]["key"]["data"] for e in events[0]] == ["a", "a"]
+    assert [e["data"]["key"]["data"] for e in events[1]] == ["shift", "1", "1", "shift"]
+    with pytest.raises(InvalidArgument):
+        text_events("é")
 
 
 async def test_microvm_has_no_display(state):
