@@ -1,0 +1,34 @@
+"""Assemble benchmarks/RESULTS.md from the per-script tables in benchmarks/results/.
+
+Each table was written by its script, with the machine and load it ran on and its own
+baseline measured in the same run. Quick (--quick) runs are left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ORDER = ["exec", "create", "density", "images_lazy", "images_memory", "images_cache",
+         "images_build", "fncall", "trajectory", "jobs", "microvm"]
+
+
+def main() -> None:
+    files = {p.stem: p for p in (HERE / "results").glob("*.md") if not p.stem.endswith("-quick")}
+    names = [n for n in ORDER if n in files] + sorted(set(files) - set(ORDER))
+    parts = [
+        "# Benchmark results\n",
+        "Every figure comes from a script in this folder, run beside a baseline in the same",
+        "run. Each section names the machine and the load average when it ran: the machine",
+        "(2 cores) was shared with other work, so compare figures within a section.",
+        "Regenerate a section with `.venv/bin/python benchmarks/bench_<name>.py`, then",
+        "`.venv/bin/python benchmarks/assemble.py`.\n",
+    ]
+    for n in names:
+        parts.append(files[n].read_text().strip() + "\n")
+    (HERE / "RESULTS.md").write_text("\n".join(parts))
+    print(f"wrote RESULTS.md from {len(names)} result files: {', '.join(names)}")
+
+
+if __name__ == "__main__":
+    main()
