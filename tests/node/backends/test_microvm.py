@@ -25,6 +25,7 @@ from dsec.node.backends.microvm.accel import detect_accel
 from dsec.node.backends.microvm.guest import ensure_guest
 from dsec.node.backends.microvm.qemu import LaunchSpec, qemu_argv, read_pid
 from dsec.node.execution import run_exec
+from dsec.node.host import cgroups
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -75,6 +76,9 @@ def state(tmp_path_factory):
     images.unmount_all()
     assert not qemu_pids_under(root), "QEMU processes left behind"
     left = list((root / "sandboxes").iterdir()) if (root / "sandboxes").exists() else []
+    left += [f"cgroup {h} {s}" for s in ("sb-mvshared", "sb-mvclone0", "sb-mvclone1",
+                                         "sb-mvpanic", "sb-mvsilent")
+             for h in cgroups.detect().leftovers(f"/dsec/{s}")]
     shutil.rmtree(root)
     assert not left, f"sandbox files left behind: {left}"
 
@@ -87,7 +91,7 @@ def make_backend(state, **cfg) -> MicroVMBackend:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def guest(state):
     backend = make_backend(state, console_log_bytes=16384)
-    rec = record("sb-mvshared", memory_mb=192)
+    rec = record("sb-mvshared", memory_mb=192, cpu=0.5)
     rec.runtime = await backend.start(rec)
     yield backend, rec
     await backend.stop(rec)
@@ -119,6 +123,18 @@ async def test_memory_limit_is_the_guest_ram(guest):
     _, out, _ = await run(backend, rec, "grep MemTotal /proc/meminfo")
     assert int(out.split()[1]) <= 192 * 1024
     assert 0 < backend.memory_bytes(rec) < 400 << 20
+
+
+async def test_qemu_runs_in_the_sandbox_cgroup_with_its_cpu_quota(guest):
+    backend, rec = guest
+    pid = read_pid(backend.sandbox_dir(rec.id))
+    driver = cgroups.detect()
+    assert pid in driver.procs(f"/dsec/{rec.id}")
+    if driver.version == 2:
+        quota = (cgroups.ROOT / "dsec" / rec.id / "cpu.max").read_text().split()[0]
+    else:
+        quota = (cgroups.ROOT / "cpu" / "dsec" / rec.id / "cpu.cfs_quota_us").read_text()
+    assert int(quota) == 50_000
 
 
 async def test_guest_cannot_reach_the_host_network(guest):

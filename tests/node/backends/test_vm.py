@@ -19,6 +19,7 @@ from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig, VMBackend
 from dsec.node.backends.microvm.qemu import read_pid
 from dsec.node.backends.microvm.keys import text_events
 from dsec.node.backends.microvm.vm import png_size
+from dsec.node.host import cgroups
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400)]
 
@@ -76,6 +77,7 @@ async def vm(state):
     d = backend.sandbox_dir(rec.id)
     await backend.stop(rec)
     assert read_pid(d) is None and not d.exists()
+    assert not cgroups.detect().leftovers(f"/dsec/{rec.id}")
 
 
 async def test_vm_boots_its_own_disk_with_its_own_init(vm):

@@ -30,6 +30,7 @@ from dsec.node.agent.client import AgentConnector
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm import accel as accel_mod
 from dsec.node.backends.microvm import snapshot
+from dsec.node.backends.microvm.cgroup import release
 from dsec.node.backends.microvm.console import console_tail, drain_console, oom_count
 from dsec.node.backends.microvm.files import AgentFiles
 from dsec.node.backends.microvm.guest import GuestArtifacts, ensure_guest
@@ -122,7 +123,7 @@ class MicroVMBackend:
             kernel=art.kernel if self.config.uncompressed_kernel else art.bzimage,
             initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
             agent_port=self.config.agent_port, hostname=hostname,
-            cmdline=self.config.kernel_args)
+            cmdline=self.config.kernel_args, cpu=s.cpu)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                  "image_user": resolved.config.user or "root",
                  "layer_digests": list(resolved.layer_digests)}
@@ -135,9 +136,10 @@ class MicroVMBackend:
         (d / "backend").write_text(self.name)
         try:
             spec, facts = await self.launch_spec(rec.spec, d, _hostname(rec.id))
+            spec = spec.model_copy(update={"cgroup": rec.id})
             if self.config.warm_start:
                 template = await self.ensure_template(rec.spec)
-                await snapshot.clone(template, d, spec.hostname)
+                await snapshot.clone(template, d, spec.hostname, rec.id, rec.spec.cpu)
             else:
                 await self._boot(spec, rec.spec.disk_mb)
         except BaseException:
@@ -194,6 +196,7 @@ class MicroVMBackend:
         if read_pid(d) is not None:
             await asyncio.to_thread(drain_console, d, self.config.console_log_bytes)
         await kill_qemu(d)
+        await asyncio.to_thread(release, rec.id)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
     async def pause(self, rec: SandboxRecord) -> None:

@@ -60,6 +60,9 @@ class LaunchSpec(BaseModel):
     console_bytes: int = Field(1 << 18, ge=4096, description="console ring buffer size")
     display: bool = Field(False, description="q35: a VGA display for screendump and input")
     incoming_fd: int | None = Field(None, description="restore saved state from this fd")
+    cgroup: str | None = Field(None, description="sandbox id whose cgroup QEMU joins (the "
+                                                 "CPU quota); None: none (templates)")
+    cpu: float = Field(1.0, gt=0, description="CPU quota in cores for the cgroup")
 
     @property
     def qmp_socket(self) -> Path:
@@ -175,6 +178,8 @@ async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
             start_new_session=True, pass_fds=pass_fds)
         out, err = await proc.communicate()
         if proc.returncode == 0:
+            if spec.cgroup is not None:
+                await _confine(spec)
             return spec
         last = (err or out).decode(errors="replace").strip()
         if "host forwarding" not in last:
@@ -182,6 +187,18 @@ async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
     if "Cannot allocate memory" in last:
         raise Capacity(f"QEMU could not allocate {spec.memory_mb} MiB: {last[-500:]}")
     raise Internal(f"QEMU failed to start: {last[-1500:]}")
+
+
+async def _confine(spec: LaunchSpec) -> None:
+    from dsec.node.backends.microvm.cgroup import confine
+    pid = read_pid(spec.workdir)
+    try:
+        if pid is None:
+            raise OSError("QEMU has no pid file")
+        await asyncio.to_thread(confine, pid, spec.cgroup, spec.cpu, spec.memory_mb)
+    except OSError as exc:
+        await kill_qemu(spec.workdir)
+        raise Internal(f"could not put QEMU in the sandbox's cgroup: {exc}") from exc
 
 
 def read_pid(workdir: Path) -> int | None:

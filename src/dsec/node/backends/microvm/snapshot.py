@@ -95,7 +95,8 @@ async def restore(d: Path) -> LaunchSpec:
     return spec
 
 
-async def clone(template: Path, d: Path, hostname: str, qemu_img: str = "qemu-img") -> LaunchSpec:
+async def clone(template: Path, d: Path, hostname: str, cgroup: str | None = None,
+                cpu: float = 1.0, qemu_img: str = "qemu-img") -> LaunchSpec:
     """Start a guest in ``d`` from the template saved in ``template`` (warm start)."""
     tpl = load_launch(template)
     disk = d / "rw.qcow2"
@@ -107,7 +108,7 @@ async def clone(template: Path, d: Path, hostname: str, qemu_img: str = "qemu-im
     if proc.returncode != 0:
         raise Internal(f"qemu-img create failed: {out.decode(errors='replace')[-500:]}")
     spec = tpl.model_copy(update={"workdir": d, "scratch": disk, "scratch_format": "qcow2",
-                                  "hostname": hostname})
+                                  "hostname": hostname, "cgroup": cgroup, "cpu": cpu})
     spec = await _incoming(spec, saved_path(template))
     save_launch(spec)
     await set_identity(d, hostname)

@@ -10,6 +10,7 @@ keyboard and absolute pointer (for computer-use agents).
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class VMBackend(MicroVMBackend):
             list(resolved.layer_digests), art, agent, args, self.config.agent_port,
             max(1024, s.disk_mb))
         spec = LaunchSpec(qemu=self.config.qemu, machine="q35", accel=accel,
-                          memory_mb=s.memory_mb, vcpus=max(1, int(-(-s.cpu // 1))),
+                          memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), cpu=s.cpu,
                           boot_disk=d / "disk.qcow2", boot_base=base, workdir=d, display=True,
                           agent_port=self.config.agent_port, hostname=hostname)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
