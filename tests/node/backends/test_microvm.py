@@ -113,7 +113,8 @@ async def test_exec_runs_in_the_guest_kernel(guest):
 async def test_node_exec_path_works_unchanged(guest):
     backend, rec = guest
     ok = await run_exec(backend, rec, ExecRequest(cmd="echo $HOME; pwd", cwd="/tmp"))
-    assert (ok.exit_code, ok.stdout) == (0, "/root\n/tmp\n")
+    home = rec.runtime["image_env"]["HOME"]
+    assert (ok.exit_code, ok.stdout) == (0, f"{home}\n/tmp\n")
     slow = await run_exec(backend, rec, ExecRequest(cmd="sleep 30", timeout=1))
     assert slow.timed_out and slow.duration_ms < 10_000
 
@@ -154,14 +155,14 @@ async def test_guest_cannot_reach_the_host_network(guest):
 async def test_files_roundtrip(guest):
     backend, rec = guest
     files = backend.files(rec)
-    await asyncio.to_thread(files.mkdir, "/work/sub")
-    with files.open_write("/work/sub/a.txt", 0o600) as f:
+    await asyncio.to_thread(files.mkdir, "/data/sub")
+    with files.open_write("/data/sub/a.txt", 0o600) as f:
         f.write(b"payload " * 1000)
-    assert files.open_read("/work/sub/a.txt").read() == b"payload " * 1000
-    info = files.stat("/work/sub/a.txt")
+    assert files.open_read("/data/sub/a.txt").read() == b"payload " * 1000
+    info = files.stat("/data/sub/a.txt")
     assert (info.type, info.size, info.mode) == ("file", 8000, 0o600)
-    assert [e.name for e in files.list("/work")] == ["sub"]
-    tar = tarfile.open(fileobj=io.BytesIO(b"".join(files.tar_out("/work/sub"))))
+    assert [e.name for e in files.list("/data")] == ["sub"]
+    tar = tarfile.open(fileobj=io.BytesIO(b"".join(files.tar_out("/data/sub"))))
     assert tar.getnames() == ["sub", "sub/a.txt"]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
@@ -170,11 +171,11 @@ async def test_files_roundtrip(guest):
         ti.size = len(data)
         t.addfile(ti, io.BytesIO(data))
     buf.seek(0)
-    files.tar_in("/work/up", buf, 1 << 20)
-    assert files.open_read("/work/up/b.txt").read() == b"from tar"
-    files.remove("/work", recursive=True)
+    files.tar_in("/data/up", buf, 1 << 20)
+    assert files.open_read("/data/up/b.txt").read() == b"from tar"
+    files.remove("/data", recursive=True)
     with pytest.raises(Exception, match="no such file"):
-        files.stat("/work")
+        files.stat("/data")
 
 
 async def test_pause_stops_the_guest_and_resume_continues(guest):

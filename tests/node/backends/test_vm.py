@@ -140,3 +140,9 @@ async def test_microvm_has_no_display(state):
         await backend.screenshot(record("sb-none", "microvm"))
     with pytest.raises(Unsupported):
         await backend.type_text(record("sb-none", "microvm"), "x")
+
+
+async def test_package_exports_only_the_backends_and_their_config():
+    import dsec.node.backends.microvm as pkg
+    assert pkg.__all__ == ["MicroVMBackend", "MicroVMConfig", "VMBackend"]
+    assert all(getattr(pkg, name) for name in pkg.__all__)

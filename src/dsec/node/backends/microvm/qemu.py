@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Capacity, Internal
 
-__all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch", "free_port", "pid_alive", "kill_qemu",
-           "read_pid"]
+__all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
+           "free_port", "pid_alive", "kill_qemu", "read_pid"]
 
 GUEST_NET = "10.0.2.15"
 CONSOLE_CHARDEV = "console"
