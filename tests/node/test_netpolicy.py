@@ -64,17 +64,13 @@ async def test_stopping_removes_the_host_end_of_the_veth(net_client):
     assert not wait_links_gone(mine)
 
 
-async def test_slots_are_reused_at_once_after_a_stop(net_client):
-    for _ in range(3):  # the same slot each time, while the last veth may still be dying
+async def test_a_stopped_sandbox_address_is_not_handed_out_at_once(net_client):
+    seen = []
+    for _ in range(3):
         sb = await net_client.create(network={"docs": True}, memory_mb=128)
-        assert (await sb.network()).address == "10.215.0.2"
+        seen.append((await sb.network()).address)
         await sb.stop()
-
-
-def test_peer_address_is_outside_the_sandbox_subnet():
-    import ipaddress
-    from tests.redteam.netpeer import SUBNET
-    assert ipaddress.IPv4Address(PEER) not in ipaddress.IPv4Network(SUBNET)
+    assert len(set(seen)) == 3
 
 
 async def test_permissions_change_on_a_paused_sandbox_without_resuming_it(peer, net_client):

@@ -3,8 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from dsec.node.host.netpolicy import (NetworkConfig, Permission, _denied_flows, render_allow,
-                                      slot_addresses)
+from dsec.node.host.netpolicy import (NetworkConfig, Permission, _denied_flows, next_slot,
+                                      render_allow, slot_addresses)
 
 
 def test_slots_are_disjoint_slash_30s():
@@ -39,3 +39,20 @@ def test_denied_set_listing_becomes_flows():
         {"elem": {"val": {"concat": ["10.0.0.1", "tcp", 22]}, "counter": {"packets": 3}}}]}}]}
     [flow] = _denied_flows(listing)
     assert (flow.address, flow.protocol, flow.port, flow.packets) == ("10.0.0.1", "tcp", 22, 3)
+
+
+def test_slots_go_round_robin_and_wrap():
+    assert next_slot(set(), 0, 4) == 0
+    assert next_slot({0}, 1, 4) == 1
+    assert next_slot({1, 2}, 1, 4) == 3
+    assert next_slot({3}, 3, 4) == 0
+    with pytest.raises(ValueError, match="all 2 sandbox addresses"):
+        next_slot({0, 1}, 0, 2)
+
+
+def test_host_tables_are_per_node_and_match_only_its_veths():
+    from dsec.node.host.netpolicy import host_tables, render_host_tables
+    assert host_tables("ab12cd3") == (("inet", "dsec_ab12cd3"), ("ip", "dsec_ab12cd3_nat"))
+    text = render_host_tables("ab12cd3")
+    assert 'iifname "dsvab12cd3*" oifname != "dsv*" masquerade random' in text
+    assert 'iifname "dsv*"' not in text  # never another node's sandboxes

@@ -1,3 +1,4 @@
+import httpx
 import pytest
 
 import dsec
@@ -7,12 +8,16 @@ from tests.support.server import leftovers
 
 
 def _destroy_server(srv) -> None:
+    [node] = httpx.get(f"{srv.url}/v1/nodes", timeout=30,
+                       headers={"authorization": f"Bearer {srv.token}"}).json()
+    prefix = node["id"].removeprefix("node-")[:7]
     srv.stop_all_sandboxes()
     left = leftovers(srv.state_dir)
     srv.destroy()
     assert not left, left
-    assert not wait_links_gone(set(sandbox_links())), "sandbox veths left behind"
-    assert "dsec_host" not in sh("nft list tables").stdout, "host tables left behind"
+    assert not wait_links_gone({n for n in sandbox_links() if n.startswith(f"dsv{prefix}")}), \
+        "sandbox veths left behind"
+    assert f"dsec_{prefix}" not in sh("nft list tables").stdout, "host tables left behind"
 
 
 @pytest.fixture(scope="session")

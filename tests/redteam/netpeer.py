@@ -15,7 +15,7 @@ PEER = "10.214.77.2"      # the peer's address; only port PEER_PORT is granted
 PEER_PORT = 8080
 SUBNET = "10.215.0.0/24"  # this test node's sandboxes (apart from a default node's)
 PERMISSIONS = {"peer": {"addresses": [f"{PEER}/32"], "ports": [PEER_PORT]},
-               "docs": {"addresses": ["192.0.2.0/24"]}}
+               "docs": {"addresses": ["203.0.113.0/24"]}}
 
 
 def sh(cmd: str) -> subprocess.CompletedProcess:
@@ -96,3 +96,9 @@ def release(name: str, destroy) -> None:
     if entry[1] == 0:
         del _shared[name]
         destroy(entry[0])
+
+
+async def gateway_of(sb) -> str:
+    """The host end of a sandbox's veth (its /30's first address)."""
+    import ipaddress
+    return str(ipaddress.IPv4Address((await sb.network()).address) - 1)

@@ -4,7 +4,7 @@ import secrets
 
 import pytest
 
-from tests.redteam.netpeer import SUBNET
+from tests.redteam.netpeer import gateway_of
 
 SKIP_PSEUDO = "-path /proc -prune -o -path /sys -prune -o"
 
@@ -26,7 +26,7 @@ async def test_node_port_is_unreachable_from_a_sandbox(server, sandbox):
 async def test_node_port_is_unreachable_through_the_veth(net_server, net_client):
     sb = await net_client.create(network={"peer": True}, memory_mb=128)
     try:
-        host = SUBNET.rsplit(".", 1)[0] + ".1"
+        host = await gateway_of(sb)
         r = await sb.exec(f"nc -w 2 {host} {net_server.port} </dev/null; echo rc=$?")
         assert "rc=1" in r.stdout, r
         assert any(f.port == net_server.port for f in (await sb.network()).denied)

@@ -1,6 +1,6 @@
 """Port scans from a sandbox are refused and counted; granted traffic still flows."""
 
-from tests.redteam.netpeer import HTTP_GET, PEER, PEER_PORT, SUBNET
+from tests.redteam.netpeer import HTTP_GET, PEER, PEER_PORT, gateway_of
 
 SCAN = "for p in $(seq 1 40); do nc -w 1 {host} $p </dev/null 2>/dev/null; done; echo done"
 
@@ -8,7 +8,7 @@ SCAN = "for p in $(seq 1 40); do nc -w 1 {host} $p </dev/null 2>/dev/null; done;
 async def test_a_port_scan_is_dropped_and_counted(peer, net_client):
     sb = await net_client.create(network={"peer": True}, memory_mb=128)
     try:
-        gateway = SUBNET.rsplit(".", 1)[0] + ".1"
+        gateway = await gateway_of(sb)
         r = await sb.exec(SCAN.format(host=PEER) + "; " + SCAN.format(host=gateway),
                           timeout=300)
         assert r.stdout == "done\ndone\n"

@@ -2,12 +2,14 @@
 
 A sandbox created with ``network="none"`` keeps runc's fresh namespace with loopback only:
 no route leaves it. A sandbox with permissions (even all false) gets a veth pair: ``eth0``
-inside with a /30 from the node's sandbox subnet, ``dsv<n>`` on the host, NAT on the way
-out. Inside its namespace a ``inet dsec`` table accepts what the permissions allow and
+inside with a /30 from the node's sandbox subnet, ``dsv<node><n>`` on the host, NAT on
+the way out. Inside its namespace a ``inet dsec`` table accepts what the permissions allow and
 refuses (TCP reset, else ICMP admin-prohibited) and counts everything else, remembering
 each refused destination with a packet count. The sandbox lacks CAP_NET_ADMIN, so it
-cannot change its own rules. On the host, traffic from ``dsv*`` to the host itself or to
-another sandbox is dropped, whatever the sandbox's own table says.
+cannot change its own rules. On the host, each node has its own two tables
+(``dsec_<node>`` and ``dsec_<node>_nat``): traffic from its veths to the host itself or to
+any sandbox is dropped, whatever the sandbox's own table says. A node removes only its own
+tables, when it closes with no veth left.
 
 Permission names map to address sets in ``<state_dir>/network.json`` (two nodes on one
 host need two subnets: each routes its own /30s through its own veths)::
@@ -30,9 +32,13 @@ from dsec.api.errors import Internal, InvalidArgument, Unsupported
 from dsec.api.rl import DeniedFlow
 
 __all__ = ["Permission", "NetworkConfig", "NetworkManager", "render_sandbox_table",
-           "render_allow", "render_host_tables", "slot_addresses", "HOST_TABLES"]
+           "render_allow", "render_host_tables", "slot_addresses", "next_slot", "host_tables"]
 
-HOST_TABLES = (("inet", "dsec_host"), ("ip", "dsec_nat"))
+
+
+def host_tables(prefix: str) -> tuple[tuple[str, str], ...]:
+    """(family, name) of the host tables of the node whose interfaces are ``dsv<prefix>*``."""
+    return (("inet", f"dsec_{prefix}"), ("ip", f"dsec_{prefix}_nat"))
 
 
 class Permission(BaseModel):
@@ -106,24 +112,27 @@ def render_sandbox_table() -> str:
 """
 
 
-def render_host_tables() -> str:
-    return """table inet dsec_host {
-  chain input {
+def render_host_tables(prefix: str) -> str:
+    """The host tables of one node: its veths are ``dsv<prefix>*``."""
+    (_, filt), (_, nat) = host_tables(prefix)
+    mine = f'"dsv{prefix}*"'
+    return f"""table inet {filt} {{
+  chain input {{
     type filter hook input priority 0; policy accept;
-    iifname "dsv*" ct state established,related accept
-    iifname "dsv*" counter drop
-  }
-  chain forward {
+    iifname {mine} ct state established,related accept
+    iifname {mine} counter drop
+  }}
+  chain forward {{
     type filter hook forward priority 0; policy accept;
-    iifname "dsv*" oifname "dsv*" counter drop
-  }
-}
-table ip dsec_nat {
-  chain postrouting {
+    iifname {mine} oifname "dsv*" counter drop
+  }}
+}}
+table ip {nat} {{
+  chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
-    iifname "dsv*" oifname != "dsv*" masquerade
-  }
-}
+    iifname {mine} oifname != "dsv*" masquerade random
+  }}
+}}
 """
 
 
@@ -150,7 +159,7 @@ class NetworkManager:
         self.prefix = node_short[:7]  # dsv<node><slot> fits IFNAMSIZ (15) up to slot 99999
         self._config: NetworkConfig | None = None
         self._lock = asyncio.Lock()
-        self._host_ready = False
+        self._next_slot = 0
 
     @property
     def config(self) -> NetworkConfig:
@@ -178,7 +187,10 @@ class NetworkManager:
         pid = rec.runtime["init_pid"]
         async with self._lock:
             if "net" not in rec.runtime:
-                slot = _free_slot(records)
+                slot = next_slot({r.runtime["net"]["slot"] for r in records
+                                  if "net" in r.runtime}, self._next_slot,
+                                 ipaddress.IPv4Network(self.config.subnet).num_addresses // 4)
+                self._next_slot = slot + 1
                 await self._plumb(pid, slot)
                 rec.runtime["net"] = {"slot": slot,
                                       "address": slot_addresses(self.config.subnet, slot)[1]}
@@ -206,13 +218,14 @@ class NetworkManager:
         await _run(*_in_netns(pid, "nft", "-f", "-"), stdin=render_sandbox_table())
 
     async def _host_tables(self) -> None:
-        if self._host_ready:
-            return
+        # Checked at every attach (one nft call): the tables are this node's, but an
+        # operator may have flushed the ruleset.
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
         listed = await _run("nft", "list", "tables")
-        if "dsec_host" not in listed:
-            await _run("nft", "-f", "-", stdin=render_host_tables())
-        self._host_ready = True
+        if any(f"table {fam} {name}\n" not in listed + "\n"
+               for fam, name in host_tables(self.prefix)):
+            await self._drop_host_tables(listed)
+            await _run("nft", "-f", "-", stdin=render_host_tables(self.prefix))
 
     async def status(self, rec) -> tuple[int, list[DeniedFlow]]:
         """Packets refused so far, and each refused destination with its packet count."""
@@ -227,22 +240,30 @@ class NetworkManager:
         return dropped, _denied_flows(listing)
 
     async def close(self) -> None:
-        """Drop the host-side tables when no sandbox on this host has a veth any more."""
+        """Drop this node's host tables when none of its sandboxes has a veth any more."""
         links = await _run("ip", "-o", "link", "show")
-        if any(line.split(":")[1].strip().startswith("dsv") for line in links.splitlines()):
+        mine = f"dsv{self.prefix}"
+        if any(line.split(":")[1].strip().startswith(mine) for line in links.splitlines()):
             return
-        listed = await _run("nft", "list", "tables")
-        for family, name in HOST_TABLES:
-            if f"table {family} {name}" in listed:
+        await self._drop_host_tables(await _run("nft", "list", "tables"))
+
+    async def _drop_host_tables(self, listed: str) -> None:
+        for family, name in host_tables(self.prefix):
+            if f"table {family} {name}\n" in listed + "\n":
                 await _run("nft", "delete", "table", family, name)
 
 
-def _free_slot(records) -> int:
-    used = {r.runtime["net"]["slot"] for r in records if "net" in r.runtime}
-    slot = 0
-    while slot in used:
-        slot += 1
-    return slot
+def next_slot(used: set[int], start: int, capacity: int) -> int:
+    """The first free slot from ``start`` on, wrapping; pure.
+
+    Slots go round-robin rather than lowest-free: a sandbox's address is not handed to the
+    next sandbox at once, so a new connection never meets the last one's TIME_WAIT state
+    (same address and, in a fresh namespace, the same source port) at a peer."""
+    for i in range(capacity):
+        slot = (start + i) % capacity
+        if slot not in used:
+            return slot
+    raise InvalidArgument(f"all {capacity} sandbox addresses of this node are in use")
 
 
 def _denied_flows(listing: dict) -> list[DeniedFlow]:
