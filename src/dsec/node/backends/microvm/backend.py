@@ -82,6 +82,7 @@ class MicroVMBackend:
         self._art: GuestArtifacts | None = None
         self._accel: str | None = None if self.config.accel == "auto" else self.config.accel
         self._template_lock = asyncio.Lock()
+        self._setup_lock = asyncio.Lock()
         if self.config.ksm:
             enable_ksm()
 
@@ -95,15 +96,19 @@ class MicroVMBackend:
 
     async def artifacts(self) -> GuestArtifacts:
         """The guest kernel and initramfs, built on first use."""
-        if self._art is None:
-            self._art = await asyncio.to_thread(ensure_guest, self.guest_dir, self.agent_binary)
+        async with self._setup_lock:  # a burst of first creates builds (and probes) once
+            if self._art is None:
+                self._art = await asyncio.to_thread(ensure_guest, self.guest_dir,
+                                                    self.agent_binary)
         return self._art
 
     async def accel(self) -> str:
         """``kvm`` or ``tcg`` for this node (probed once, then cached on disk)."""
-        if self._accel is None:
-            self._accel = await accel_mod.detect_accel(self.guest_dir, self.config.qemu,
-                                                       await self.artifacts())
+        art = await self.artifacts()
+        async with self._setup_lock:
+            if self._accel is None:
+                self._accel = await accel_mod.detect_accel(self.guest_dir, self.config.qemu,
+                                                           art)
         return self._accel
 
     async def launch_spec(self, s: SandboxSpec, d: Path,
