@@ -191,31 +191,30 @@ class NetworkManager:
                                   if "net" in r.runtime}, self._next_slot,
                                  ipaddress.IPv4Network(self.config.subnet).num_addresses // 4)
                 self._next_slot = slot + 1
-                await self._plumb(pid, slot)
+                await self._plumb(pid, slot, allow)
                 rec.runtime["net"] = {"slot": slot,
                                       "address": slot_addresses(self.config.subnet, slot)[1]}
+                return
         await _run(*_in_netns(pid, "nft", "-f", "-"),
                    stdin=render_allow(allow, self.config.permissions))
 
-    async def _plumb(self, pid: int, slot: int) -> None:
+    async def _plumb(self, pid: int, slot: int, allow: dict[str, bool]) -> None:
+        """Veth, addresses, route and rules: three commands, the namespace's side in one."""
         host_ip, sb_ip = slot_addresses(self.config.subnet, slot)
         await self._host_tables()
         host, peer = f"dsv{self.prefix}{slot}", f"dsp{self.prefix}{slot}"
-        if Path(f"/sys/class/net/{host}").exists():
-            # A stopped sandbox's namespace is torn down by the kernel asynchronously; its
-            # veth may outlive it briefly. No record holds this slot, so the link is stale.
-            await _run("ip", "link", "del", host)
-        await _run("ip", "link", "add", host, "type", "veth", "peer", "name", peer,
-                   "netns", str(pid))
-        await _run("ip", "-batch", "-", stdin=f"addr add {host_ip}/30 dev {host}\n"
-                                               f"link set {host} up\n")
-        # IPv4 only: without this, IPv6 neighbour discovery would fill the drop counter.
-        await _run(*_in_netns(pid, "sh", "-c",
-                              f"echo 1 > /proc/sys/net/ipv6/conf/{peer}/disable_ipv6"))
-        await _run(*_in_netns(pid, "ip", "-batch", "-"),
-                   stdin=f"link set {peer} name eth0\naddr add {sb_ip}/30 dev eth0\n"
-                         f"link set eth0 up\nroute add default via {host_ip}\n")
-        await _run(*_in_netns(pid, "nft", "-f", "-"), stdin=render_sandbox_table())
+        # A stopped sandbox's namespace is torn down by the kernel asynchronously: its veth
+        # may outlive it briefly. No record holds this slot, so such a link is stale.
+        stale = f"link del {host}\n" if Path(f"/sys/class/net/{host}").exists() else ""
+        await _run("ip", "-batch", "-", stdin=(
+            f"{stale}link add {host} type veth peer name {peer} netns {pid}\n"
+            f"addr add {host_ip}/30 dev {host}\nlink set {host} up\n"))
+        # IPv4 only: IPv6 neighbour discovery would otherwise fill the drop counter.
+        script = (f"echo 1 > /proc/sys/net/ipv6/conf/{peer}/disable_ipv6 && "
+                  f"ip link set {peer} name eth0 && ip addr add {sb_ip}/30 dev eth0 && "
+                  f"ip link set eth0 up && ip route add default via {host_ip} && nft -f -")
+        await _run(*_in_netns(pid, "sh", "-c", script),
+                   stdin=render_sandbox_table() + render_allow(allow, self.config.permissions))
 
     async def _host_tables(self) -> None:
         # Checked at every attach (one nft call): the tables are this node's, but an
