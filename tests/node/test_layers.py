@@ -63,3 +63,17 @@ async def test_hostile_layer_tar_named_in_the_error(server, tmp_path):
         tf.addfile(ti)
     with pytest.raises(dsec.InvalidArgument, match="escape"):
         ImageService(server.state_dir).import_rootfs(bad, "bad:1")
+
+
+async def test_a_packed_tag_can_be_stacked_as_an_extra_layer(client):
+    sb = await client.create(memory_mb=64)
+    try:
+        await sb.exec("echo packed > /packed.txt")
+        await sb.pack_diff("workspace/stackable:v1")
+    finally:
+        await sb.stop()
+    child = await client.create(image="busybox", layers=["workspace/stackable:v1"], memory_mb=64)
+    try:
+        assert (await child.exec("cat /packed.txt")).stdout == "packed\n"
+    finally:
+        await child.stop()

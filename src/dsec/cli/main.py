@@ -15,6 +15,7 @@ from dsec.cli.image import image_app
 from dsec.cli.images import images, nodes
 from dsec.cli.sandboxes import create, ls, rm
 from dsec.cli.serve import node, serve
+from dsec.cli.trajectory import trajectory_app
 from dsec.cli.shell import shell
 
 __all__ = ["app"]
@@ -36,3 +37,4 @@ app.command()(images)
 app.command()(nodes)
 app.command()(demo)
 app.add_typer(image_app)
+app.add_typer(trajectory_app)

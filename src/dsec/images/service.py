@@ -107,7 +107,9 @@ class ImageService:
         refs = [image, *(layers or [])]
         digests = [self.manifest_digest(r) for r in refs]
         manifests = [self.store.get_manifest(d) for d in digests]
-        layer_digests = [lr.digest for m in manifests for lr in m.layers]
+        # An extra layer tag made by pack_diff is a whole image (base + its layer): a layer
+        # already in the stack is not stacked again (overlayfs refuses a repeated lowerdir).
+        layer_digests = list(dict.fromkeys(lr.digest for m in manifests for lr in m.layers))
         for ref, m in zip(refs, manifests):
             for lr in m.layers:
                 if not self.store.has_blob(lr.digest) and self.sources.remote is None:
