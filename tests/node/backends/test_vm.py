@@ -98,6 +98,7 @@ async def test_screenshot_is_a_png_of_the_display(vm):
 async def test_typed_text_reaches_the_guest_console(vm):
     backend, rec = vm
     # tty1 runs a shell (the disk's inittab); what is typed there runs in the guest.
+    await eventually(backend, rec, "ps | grep -v grep | grep -q 'sh -l'")
     await backend.type_text(rec, "touch /tmp/Typed_1\n")
     await eventually(backend, rec, "test -e /tmp/Typed_1")
 

@@ -32,8 +32,10 @@ async def _read(reader: asyncio.StreamReader, events: list[dict]) -> dict:
 
 
 async def qmp_many(sock: Path, commands: list[tuple[str, dict | None]],
-                   timeout: float = 10.0) -> list:
-    """Run ``commands`` (name, arguments) in order on one connection; return their results."""
+                   timeout: float = 10.0, pause_s: float = 0.0) -> list:
+    """Run ``commands`` (name, arguments) in order on one connection; return their results.
+
+    ``pause_s``: wait between commands (input events a slow guest must keep up with)."""
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(str(sock), limit=1 << 24), timeout)
@@ -44,7 +46,9 @@ async def qmp_many(sock: Path, commands: list[tuple[str, dict | None]],
         async def run() -> list:
             await _read(reader, events)  # greeting
             out = []
-            for name, args in [("qmp_capabilities", None), *commands]:
+            for i, (name, args) in enumerate([("qmp_capabilities", None), *commands]):
+                if i > 1 and pause_s:
+                    await asyncio.sleep(pause_s)
                 msg = {"execute": name, **({"arguments": args} if args else {})}
                 writer.write(json.dumps(msg).encode() + b"\n")
                 reply = await _read(reader, events)

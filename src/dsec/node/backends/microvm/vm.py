@@ -84,9 +84,10 @@ class VMBackend(MicroVMBackend):
         batches = text_events(text)
         sock = self.sandbox_dir(rec.id) / "qmp.sock"
         # One connection for the whole text; each character is its own event batch so the
-        # guest sees distinct presses even when characters repeat.
+        # guest sees distinct presses even when characters repeat, and a short pause
+        # between them keeps the emulated PS/2 queue from overflowing on a slow guest.
         await qmp_many(sock, [("input-send-event", {"events": b}) for b in batches],
-                       timeout=10.0 + len(batches) * 0.05)
+                       timeout=10.0 + len(batches) * 0.1, pause_s=0.02)
 
     async def press_keys(self, rec: SandboxRecord, keys: list[str]) -> None:
         """Press a chord of QEMU key codes, e.g. ``["ctrl", "c"]``."""
