@@ -119,6 +119,14 @@ async def test_node_exec_path_works_unchanged(guest):
     assert slow.timed_out and slow.duration_ms < 10_000
 
 
+async def test_a_restarted_node_finds_the_guest_again(guest, state):
+    backend, rec = guest
+    fresh = make_backend(state)  # what a node builds after its own restart
+    assert await fresh.alive(rec)
+    code, out, _ = await run(fresh, rec, "echo still here")
+    assert (code, out) == (0, b"still here\n")
+
+
 async def test_memory_limit_is_the_guest_ram(guest):
     backend, rec = guest
     _, out, _ = await run(backend, rec, "grep MemTotal /proc/meminfo")
