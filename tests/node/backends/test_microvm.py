@@ -18,6 +18,7 @@ import pytest_asyncio
 from dsec.api.errors import Internal, SandboxTimeout, Unsupported
 from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.images import ImageService
+from dsec.images.whiteout import is_opaque, is_whiteout
 from dsec.node.agent.client import AgentProcess, SpawnRequest, ping
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
@@ -184,6 +185,22 @@ async def test_files_roundtrip(guest):
     files.remove("/data", recursive=True)
     with pytest.raises(Exception, match="no such file"):
         files.stat("/data")
+
+
+async def test_pack_diff_keeps_files_whiteouts_and_opaque_dirs(guest, state):
+    backend, rec = guest
+    _, images = state
+    code, _, err = await run(backend, rec, "echo new > /added && rm /bin/rev && "
+                                           "rm -rf /usr/sbin && mkdir /usr/sbin && "
+                                           "echo z > /usr/sbin/only && echo t > /tmp/scratch")
+    assert code == 0, err
+    info = await backend.pack_diff(rec, "packed:v1", exclude=["/tmp"])
+    top = images.resolve("packed:v1").lowerdirs[0]
+    assert (top / "added").read_text() == "new\n"
+    assert is_whiteout(os.lstat(top / "bin" / "rev"))
+    assert is_opaque(top / "usr" / "sbin") and (top / "usr" / "sbin" / "only").exists()
+    assert not (top / "tmp" / "scratch").exists() and not (top / ".dsec").exists()
+    assert info.tag == "packed:v1"
 
 
 async def test_pause_stops_the_guest_and_resume_continues(guest):

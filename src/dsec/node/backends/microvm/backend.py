@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Unsupported
 from dsec.api.models import SandboxSpec
+from dsec.images.models import LayerInfo
 from dsec.node.agent.client import AgentConnector
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm import accel as accel_mod
@@ -34,6 +35,7 @@ from dsec.node.backends.microvm.cgroup import release
 from dsec.node.backends.microvm.console import console_tail, drain_console, oom_count
 from dsec.node.backends.microvm.files import AgentFiles
 from dsec.node.backends.microvm.guest import GuestArtifacts, ensure_guest
+from dsec.node.backends.microvm.pack import pack_guest_upper
 from dsec.node.backends.microvm.qemu import LaunchSpec, kill_qemu, launch, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
 from dsec.node.backends.microvm.runtime import (FAILED_STATES, make_scratch, port_connector,
@@ -246,6 +248,18 @@ class MicroVMBackend:
     def memory_bytes(self, rec: SandboxRecord) -> int:
         """Proportional set size of the guest's QEMU: pages KSM merged count shared."""
         return qemu_pss(self.sandbox_dir(rec.id))
+
+    async def pack_diff(self, rec: SandboxRecord, tag: str,
+                        exclude: list[str] | None = None) -> LayerInfo:
+        """Pack the guest's writable layer as a new layer over its image and tag the result.
+
+        Read through the guest's agent (the host never mounts what a guest wrote); the
+        guest keeps running meanwhile, so quiesce the work in it first for a consistent
+        snapshot. ``exclude``: sandbox paths or globs left out (``/.dsec`` always is)."""
+        base = await asyncio.to_thread(self.images.resolve, rec.spec.image, rec.spec.layers)
+        files = self.files(rec)
+        return await asyncio.to_thread(pack_guest_upper, self.images, files.connect, tag,
+                                       base, exclude)
 
     async def screenshot(self, rec: SandboxRecord) -> bytes:
         """microvm guests have no display."""

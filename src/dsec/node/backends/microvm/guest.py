@@ -16,6 +16,7 @@ import io
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +34,8 @@ __all__ = ["GuestArtifacts", "ensure_guest", "MODULES"]
 MODULES = ["virtio_mmio", "virtio_pci", "virtio_blk", "virtio_net", "crc32c_generic",
            "ext4", "erofs", "overlay", "virtio_input", "evdev", "virtio_balloon"]
 BUSYBOX = Path("/usr/bin/busybox")
-BUILD_VERSION = "2"
+BUILD_VERSION = "3"
+OPAQUE_SOURCE = Path(__file__).with_name("opaque.c")
 
 
 class GuestArtifacts(BaseModel):
@@ -126,6 +128,7 @@ def _inputs_key(kver: str, kernel: Path, mods: list[Path]) -> str:
         s = p.stat()
         h.update(f"{p}:{s.st_size}:{s.st_mtime_ns}".encode())
     h.update(AGENT_SOURCE.read_bytes())
+    h.update(OPAQUE_SOURCE.read_bytes())
     h.update(INIT_SCRIPT.encode())
     return f"{kver}-{h.hexdigest()[:12]}"
 
@@ -160,7 +163,18 @@ class _Cpio:
         return self.buf.getvalue()
 
 
-def _initramfs(agent: Path, modules: list[tuple[str, Path]]) -> bytes:
+def _compile_static(src: Path, out: Path) -> Path:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise Internal("building the guest helpers needs gcc (apt-get install gcc libc6-dev)")
+    proc = subprocess.run([cc, "-static", "-O2", "-o", str(out), str(src)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise Internal(f"compiling {src.name} failed: {proc.stderr[-2000:]}")
+    return out
+
+
+def _initramfs(agent: Path, opaque: Path, modules: list[tuple[str, Path]]) -> bytes:
     c = _Cpio()
     for d in ["bin", "dev", "etc", "lib", "lib/modules", "proc", "sys", "tmp", "newroot"]:
         c.dir(d)
@@ -169,6 +183,7 @@ def _initramfs(agent: Path, modules: list[tuple[str, Path]]) -> bytes:
                    "hostname", "switch_root", "mke2fs", "echo", "sync"]:
         c.symlink(f"bin/{applet}", "busybox")
     c.file("bin/dsec-agent", agent.read_bytes(), 0o755)
+    c.file("bin/dsec-opaque", opaque.read_bytes(), 0o755)
     for name, path in modules:
         c.file(f"lib/modules/{name}.ko", path.read_bytes())
     c.file("etc/dsec-modules", "".join(f"{n}\n" for n, _ in modules).encode())
@@ -206,7 +221,8 @@ def ensure_guest(out: Path, agent: Path | None = None,
         vmlinux = extract_vmlinux(kernel_src.read_bytes())
         if vmlinux is not None:
             (tmp / "vmlinux").write_bytes(vmlinux)
-        (tmp / "initramfs.cpio").write_bytes(_initramfs(agent, modules))
+        opaque = _compile_static(OPAQUE_SOURCE, tmp / "dsec-opaque")
+        (tmp / "initramfs.cpio").write_bytes(_initramfs(agent, opaque, modules))
         try:
             os.rename(tmp, dest)
         except OSError:  # another process built the same key first

@@ -55,12 +55,17 @@ while [ $i -lt $n ]; do
 done
 [ -n "$lower" ] || { mkdir -p /layers/empty; lower=/layers/empty; }
 mkdir -p /newroot
-mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work" /newroot \
-  || fail "overlay mount"
+# redirect_dir and metacopy off (the kernel's defaults, said out loud): a packed upper dir
+# must hold whole files and plain whiteouts.
+mount -t overlay overlay \
+  -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work,redirect_dir=off,metacopy=off" \
+  /newroot || fail "overlay mount"
 for d in proc sys dev tmp .dsec; do mkdir -p /newroot/$d; done
 mount -t tmpfs -o size=8m,mode=0755 dsec /newroot/.dsec
 cp /bin/dsec-agent /newroot/.dsec/agent && cp /bin/busybox /newroot/.dsec/busybox \
-  || fail "copy agent"
+  && cp /bin/dsec-opaque /newroot/.dsec/opaque || fail "copy agent"
+# The writable disk stays reachable (read by the node when it packs the sandbox's layer).
+mkdir -p /newroot/.dsec/rw && mount --move /rw /newroot/.dsec/rw
 mount -o remount,ro /newroot/.dsec
 mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc

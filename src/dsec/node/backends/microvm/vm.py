@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dsec.api.errors import Internal, Unsupported
 from dsec.api.models import SandboxSpec
+from dsec.images.models import LayerInfo
 from dsec.node.agent.build import ensure_agent
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.microvm.snapshot import set_identity
@@ -67,6 +68,12 @@ class VMBackend(MicroVMBackend):
         # The disk is shared by every sandbox of the image: the name comes after boot.
         await set_identity(spec.workdir, spec.hostname)
         return spec
+
+    async def pack_diff(self, rec: SandboxRecord, tag: str,
+                        exclude: list[str] | None = None) -> LayerInfo:
+        """A vm's disk is one whole filesystem with no layer of changes to pack."""
+        raise Unsupported("pack_diff is not available on vm sandboxes (their disk has no "
+                          "separate writable layer); use pause_to_disk to keep their state")
 
     # ---- display and input ----
     async def screenshot(self, rec: SandboxRecord) -> bytes:
