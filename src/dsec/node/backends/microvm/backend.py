@@ -123,7 +123,10 @@ class MicroVMBackend:
                               f"sandboxes yet; use network='none'")
         art = await self.artifacts()
         resolved = await asyncio.to_thread(self.images.resolve, s.image, s.layers)
-        blobs = [self.images.store.blob_path(dg) for dg in resolved.layer_digests]
+        # One host file per layer, shared read-only by every guest (a lazy FUSE file when
+        # the layer lives in a remote store).
+        blobs = [await asyncio.to_thread(self.images.layer_file, dg)
+                 for dg in resolved.layer_digests]
         spec = LaunchSpec(
             qemu=self.config.qemu, machine="microvm", accel=await self.accel(),
             memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)),
