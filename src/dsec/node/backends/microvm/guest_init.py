@@ -64,7 +64,7 @@ for d in proc sys dev tmp .dsec; do mkdir -p /newroot/$d; done
 mount -t tmpfs -o size=8m,mode=0755 dsec /newroot/.dsec
 cp /bin/dsec-agent /newroot/.dsec/agent && cp /bin/busybox /newroot/.dsec/busybox \
   && cp /bin/dsec-opaque /newroot/.dsec/opaque || fail "copy agent"
-# The writable disk stays reachable (read by the node when it packs the sandbox's layer).
+# The writable disk stays reachable: pack_diff reads the upper dir there, via the agent.
 mkdir -p /newroot/.dsec/rw && mount --move /rw /newroot/.dsec/rw
 mount -o remount,ro /newroot/.dsec
 mount --move /dev /newroot/dev
