@@ -8,7 +8,8 @@ DSEC := $(VENV)/bin/dsec
 STATE_DIR ?= /var/lib/dsec
 PORT ?= 7070
 APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc libc6-dev \
-	fuse3 bubblewrap mmdebstrap qemu-system-x86 linux-image-amd64 podman
+	fuse3 bubblewrap mmdebstrap qemu-system-x86 qemu-utils linux-image-amd64 extlinux \
+	syslinux-common fdisk e2fsprogs podman
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt venv run serve stop demo test test-fast images bench clean
@@ -33,7 +34,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 images: setup
-	@if [ -f scripts/build_debian_image.py ]; then DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR); fi
+	DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR)
+	$(PY) -m dsec.node.backends.microvm.guest --out $(STATE_DIR)/microvm/guest
 
 run: setup
 	@mkdir -p $(STATE_DIR)

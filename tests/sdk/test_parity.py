@@ -4,10 +4,11 @@ import inspect
 
 import dsec
 from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell, Client
-from dsec.sdk.sync import Files, Sandbox, Shell
+from dsec.sdk.sandbox import AsyncInput
+from dsec.sdk.sync import Files, Input, Sandbox, Shell
 
 PAIRS = [(AsyncClient, Client), (AsyncSandbox, Sandbox), (AsyncShell, Shell),
-         (AsyncFiles, Files)]
+         (AsyncFiles, Files), (AsyncInput, Input)]
 
 
 def public_methods(cls):

@@ -29,6 +29,7 @@ __all__ = [
     "ImageSummary",
     "NodeInfo",
     "PackDiffRequest",
+    "InputRequest",
     "MAX_OUTPUT_DEFAULT",
     "validated",
 ]
@@ -232,3 +233,13 @@ class PackDiffRequest(_Request):
         if any(c.isspace() for c in self.tag):
             raise ValueError(f"tag must not contain whitespace; got {self.tag!r}")
         return self
+
+
+class InputRequest(_Request):
+    """Keyboard and mouse input for a sandbox with a display (``backend="vm"``)."""
+
+    text: str | None = Field(None, max_length=10000, description="text to type (US layout)")
+    keys: list[str] = Field(default_factory=list, max_length=16,
+                            description="a chord of key names pressed together, e.g. ['ctrl','c']")
+    click: tuple[int, int] | None = Field(None, description="(x, y) in screen pixels to click")
+    button: Literal["left", "right", "middle"] = Field("left", description="mouse button")

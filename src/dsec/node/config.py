@@ -24,7 +24,7 @@ class NodeConfig(BaseModel):
 
     state_dir: Path = Field(default_factory=default_state_dir,
                             description="node-local state: SQLite, layers, sandbox dirs")
-    backends: list[str] = Field(default_factory=lambda: ["container", "fncall"],
+    backends: list[str] = Field(default_factory=lambda: ["container", "fncall", "microvm", "vm"],
                                 description="backends to enable on this node")
     start_concurrency: int = Field(8, ge=1, le=256,
                                    description="sandboxes started at once (runc is CPU-bound)")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
                              Unsupported)
-from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, NodeInfo,
-                             PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
+from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
+                             NodeInfo, PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
                              ShellRunRequest)
 from dsec.node import metrics
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
@@ -395,20 +395,43 @@ class NodeService:
 
     @recorded("pack_diff", ImageSummary)
     async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
-        """Pack the writable layer as a new layer over the sandbox's image, frozen meanwhile."""
-        upper = await self.upper_dir(sb_id)
-        rec = self._get(sb_id)
-        images = self._images()
-        await self.pause(sb_id)
-        try:
-            base = await asyncio.to_thread(images.resolve, rec.spec.image, rec.spec.layers)
-            info = await asyncio.to_thread(images.pack_diff, upper, req.tag, base,
-                                           ["/.dsec", *req.exclude])
-        finally:
-            await self.resume(sb_id)
+        """Pack the writable layer as a new layer over the sandbox's image and tag it."""
+        backend, rec = await self._active(sb_id)
+        excludes = ["/.dsec", *req.exclude]
+        if hasattr(backend, "pack_diff"):  # guests pack through their agent, running
+            info = await backend.pack_diff(rec, req.tag, excludes)
+            layers = len(rec.runtime.get("layer_digests") or []) + 1
+        else:
+            upper = await self.upper_dir(sb_id)
+            images = self._images()
+            await self.pause(sb_id)  # a frozen sandbox gives a consistent snapshot
+            try:
+                base = await asyncio.to_thread(images.resolve, rec.spec.image, rec.spec.layers)
+                info = await asyncio.to_thread(images.pack_diff, upper, req.tag, base, excludes)
+            finally:
+                await self.resume(sb_id)
+            layers = len(base.layer_digests) + 1
         return ImageSummary(name=info.tag or req.tag, digest=info.manifest_digest or "",
-                            layers=len(base.layer_digests) + 1, size=info.size,
-                            created=time.time())
+                            layers=layers, size=info.size, created=time.time())
+
+    # ---- display and input (vm) ----
+    async def screenshot(self, sb_id: str) -> bytes:
+        backend, rec = await self._active(sb_id)
+        if not hasattr(backend, "screenshot"):
+            raise Unsupported(f"{rec.spec.backend} sandboxes have no display; use backend='vm'")
+        return await backend.screenshot(rec)
+
+    async def input(self, sb_id: str, req: InputRequest) -> None:
+        backend, rec = await self._active(sb_id)
+        if not hasattr(backend, "type_text"):
+            raise Unsupported(f"{rec.spec.backend} sandboxes have no keyboard or pointer; "
+                              "use backend='vm'")
+        if req.text is not None:
+            await backend.type_text(rec, req.text)
+        if req.keys:
+            await backend.press_keys(rec, req.keys)
+        if req.click is not None:
+            await backend.click(rec, req.click[0], req.click[1], req.button)
 
     def record(self, sb_id: str) -> SandboxRecord:
         return self._get(sb_id)

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 from dsec.api.errors import error_from_wire
 from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecResult, FileInfo,
-                             FileList, ImageSummary, PackDiffRequest, SandboxInfo, ShellInfo,
-                             ShellRunRequest, validated)
+                             FileList, ImageSummary, InputRequest, PackDiffRequest, SandboxInfo,
+                             ShellInfo, ShellRunRequest, validated)
 from dsec.api.rl import AuditList, AuditRecord, NetworkRequest, NetworkStatus, TrajectoryPage
 
 if TYPE_CHECKING:
     from dsec.sdk.client import AsyncClient
 
-__all__ = ["AsyncSandbox", "AsyncShell", "AsyncFiles"]
+__all__ = ["AsyncSandbox", "AsyncShell", "AsyncFiles", "AsyncInput"]
 
 CHUNK = 1 << 20
 
@@ -42,6 +42,7 @@ class AsyncSandbox:
         self.info = info
         self.id = info.id
         self.files = AsyncFiles(client, info.id)
+        self.input = AsyncInput(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.backend} {self.info.image} {self.info.state}>"
@@ -84,6 +85,11 @@ class AsyncSandbox:
         """A shell session: cwd and exported variables persist between ``run`` calls."""
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/shells")
         return AsyncShell(self._client, ShellInfo.model_validate(resp.json()))
+
+    async def screenshot(self) -> bytes:
+        """The sandbox's display as PNG bytes (``backend="vm"``; others raise Unsupported)."""
+        resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/screenshot")
+        return resp.content
 
     async def pause(self) -> SandboxInfo:
         """Freeze every process; files and memory stay. Any later request resumes it."""
@@ -247,3 +253,26 @@ class AsyncFiles:
         return int(resp.json()["entries"])
 
 
+
+
+class AsyncInput:
+    """Keyboard and mouse of a sandbox with a display (``backend="vm"``)."""
+
+    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
+        self._client = client
+        self._path = f"/v1/sandboxes/{sandbox_id}/input"
+
+    async def type(self, text: str) -> None:
+        """Type ``text`` (US layout; ``\\n`` is Enter)."""
+        await self._client._request("POST", self._path,
+                                    json=validated(InputRequest, text=text).model_dump())
+
+    async def keys(self, *keys: str) -> None:
+        """Press a chord of keys together, e.g. ``keys("ctrl", "c")``."""
+        await self._client._request("POST", self._path,
+                                    json=validated(InputRequest, keys=list(keys)).model_dump())
+
+    async def click(self, x: int, y: int, button: str = "left") -> None:
+        """Click at screen pixel (x, y)."""
+        body = validated(InputRequest, click=(x, y), button=button).model_dump()
+        await self._client._request("POST", self._path, json=body)

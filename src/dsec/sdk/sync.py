@@ -16,9 +16,9 @@ from typing import Any
 
 from dsec.sdk.client import AsyncClient
 from dsec.sdk.jobs import AsyncJobs
-from dsec.sdk.sandbox import AsyncFiles, AsyncSandbox, AsyncShell
+from dsec.sdk.sandbox import AsyncFiles, AsyncInput, AsyncSandbox, AsyncShell
 
-__all__ = ["Client", "Sandbox", "Shell", "Files", "Jobs"]
+__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs"]
 
 
 class _Loop:
@@ -119,6 +119,7 @@ def _sync_class(async_cls: type, name: str, doc: str) -> type:
 
 
 Files = _sync_class(AsyncFiles, "Files", AsyncFiles.__doc__ or "")
+Input = _sync_class(AsyncInput, "Input", AsyncInput.__doc__ or "")
 Jobs = _sync_class(AsyncJobs, "Jobs", AsyncJobs.__doc__ or "")
 Shell = _sync_class(AsyncShell, "Shell", AsyncShell.__doc__ or "")
 Sandbox = _sync_class(AsyncSandbox, "Sandbox", AsyncSandbox.__doc__ or "")

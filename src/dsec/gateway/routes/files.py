@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -44,9 +45,13 @@ def _read_chunks(f) -> Iterator[bytes]:
 async def read(request: Request, sb_id: str, path: str = Query(...)) -> StreamingResponse:
     ops = await _ops(request, sb_id)
     f = await asyncio.to_thread(ops.open_read, path)
-    size = os.fstat(f.fileno()).st_size
+    headers = {}
+    try:  # a host file (containers) knows its size; a guest's stream (microvm, vm) does not
+        headers["content-length"] = str(os.fstat(f.fileno()).st_size)
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        pass
     return StreamingResponse(_iterate(_read_chunks(f)), media_type="application/octet-stream",
-                             headers={"content-length": str(size)})
+                             headers=headers)
 
 
 @router.put("", response_model=FileInfo)

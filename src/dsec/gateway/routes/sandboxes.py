@@ -6,12 +6,13 @@ import random
 from collections import Counter
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from dsec.api.errors import Capacity, InvalidArgument
-from dsec.api.models import (CreateManyRequest, ExecRequest, ExecResult, ImageSummary, NodeInfo,
-                             PackDiffRequest, SandboxInfo, SandboxList, SandboxSpec, ShellInfo,
-                             ShellRunRequest)
+from dsec.api.models import (CreateManyRequest, ExecRequest, ExecResult, ImageSummary,
+                             InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
+                             SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.gateway.routes.common import cluster_of, node_of
 from dsec.placement.choose import choose_node
 
@@ -109,6 +110,19 @@ async def shell_close(request: Request, sb_id: str, sh_id: str) -> None:
 @router.post("/sandboxes/{sb_id}/pack_diff", response_model=ImageSummary)
 async def pack_diff(request: Request, sb_id: str, req: PackDiffRequest) -> ImageSummary:
     return await node_of(request, sb_id).pack_diff(sb_id, req)
+
+
+@router.get("/sandboxes/{sb_id}/screenshot", response_class=Response,
+            responses={200: {"content": {"image/png": {}}}})
+async def screenshot(request: Request, sb_id: str) -> Response:
+    """The sandbox's display as PNG (``backend="vm"``; others answer Unsupported)."""
+    return Response(await node_of(request, sb_id).screenshot(sb_id), media_type="image/png")
+
+
+@router.post("/sandboxes/{sb_id}/input", status_code=204)
+async def input_(request: Request, sb_id: str, req: InputRequest) -> None:
+    """Type text, press keys or click (``backend="vm"``)."""
+    await node_of(request, sb_id).input(sb_id, req)
 
 
 @router.get("/images", response_model=list[ImageSummary])

@@ -23,6 +23,13 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
         elif name == "fncall":  # pools start lazily, on the first call
             from dsec.node.backends.fncall import FncallBackend
             out[name] = FncallBackend(config.state_dir, images, agent)
+        elif name == "microvm":  # guest kernel and initramfs are built on first use
+            from dsec.node.backends.microvm import MicroVMBackend
+            out[name] = MicroVMBackend(config.state_dir, images, agent)
+        elif name == "vm":
+            from dsec.node.backends.microvm import VMBackend
+            out[name] = VMBackend(config.state_dir, images, agent)
         else:
-            raise InvalidArgument(f"unknown backend {name!r}")
+            raise InvalidArgument(f"unknown backend {name!r}; known: container, fncall, "
+                                  "microvm, vm")
     return out

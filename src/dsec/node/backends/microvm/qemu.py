@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -172,11 +173,12 @@ async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
     for _ in range(attempts):
         spec = spec.model_copy(update={"host_port": free_port()})
         pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
-        proc = await asyncio.create_subprocess_exec(
-            *qemu_argv(spec), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        # A blocking run in a thread, not asyncio's subprocess: uvloop's process transport
+        # waits for every descendant of the child to exit, and QEMU's daemon never does.
+        proc = await asyncio.to_thread(
+            subprocess.run, qemu_argv(spec), stdin=subprocess.DEVNULL, capture_output=True,
             start_new_session=True, pass_fds=pass_fds)
-        out, err = await proc.communicate()
+        out, err = proc.stdout, proc.stderr
         if proc.returncode == 0:
             if spec.cgroup is not None:
                 await _confine(spec)
