@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import dsec
 from dsec.api.fncall import FnCallRequest, RemoteError
+from tests.support.images import ensure_debian_image
 from tests.support.server import ServerProcess, leftovers
 
-ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(600)
-
-
-def ensure_debian_image(state_dir: Path) -> None:
-    """Build (first time: a few minutes) or import (seconds) debian:12 / python:3.11."""
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "build_debian_image.py"),
-                    "--state-dir", str(state_dir)], check=True, stdout=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")

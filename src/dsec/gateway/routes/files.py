@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import posixpath
 from collections.abc import AsyncIterator, Iterator
 
 from fastapi import APIRouter, Query, Request
@@ -58,6 +59,9 @@ async def read(request: Request, sb_id: str, path: str = Query(...)) -> Streamin
 async def write(request: Request, sb_id: str, path: str = Query(...),
                 mode: int = Query(0o644, ge=0, le=0o7777)) -> FileInfo:
     ops = await _ops(request, sb_id)
+    parent = posixpath.dirname(posixpath.normpath("/" + path))
+    if parent != "/":  # like `install -D`: missing parent directories are created
+        await asyncio.to_thread(ops.mkdir, parent, True)
     f = await asyncio.to_thread(ops.open_write, path, mode & 0o777)
     tap = FileWriteTap(path, mode & 0o777)
     try:
