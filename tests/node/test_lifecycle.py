@@ -94,3 +94,17 @@ async def test_idle_pause_keeps_files(client):
         assert await sb.files.read("/tmp/f") == b"kept"
     finally:
         await sb.stop()
+
+
+async def test_a_deep_state_dir_still_reaches_the_agent(tmp_path):
+    from tests.support.server import ServerProcess
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # agent.sock path past sun_path's 108 bytes
+    deep.mkdir(parents=True)
+    srv = ServerProcess(state_dir=deep).start()
+    try:
+        async with dsec.AsyncClient(srv.url, srv.token) as c:
+            sb = await c.create(memory_mb=64)
+            assert (await sb.exec("echo deep")).stdout == "deep\n"
+            await sb.stop()
+    finally:
+        srv.destroy()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,7 +69,15 @@ def _latin1_safe(obj):
 
 def unix_connector(path: str) -> AgentConnector:
     async def connect():
-        return await asyncio.open_unix_connection(path, limit=MAX_FRAME * 2)
+        if len(path.encode()) < 100:
+            return await asyncio.open_unix_connection(path, limit=MAX_FRAME * 2)
+        # sun_path holds 108 bytes: reach a socket in a deep state dir through its dir's fd
+        dirfd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            short = f"/proc/self/fd/{dirfd}/{os.path.basename(path)}"
+            return await asyncio.open_unix_connection(short, limit=MAX_FRAME * 2)
+        finally:
+            os.close(dirfd)
 
     return connect
 

@@ -113,7 +113,14 @@ class ContainerBackend:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if path.exists():
             path.unlink()
-        s.bind(str(path))
+        if len(str(path).encode()) < 100:
+            s.bind(str(path))
+        else:  # sun_path holds 108 bytes: bind through the directory's fd
+            dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                s.bind(f"/proc/self/fd/{dirfd}/{path.name}")
+            finally:
+                os.close(dirfd)
         os.chmod(path, 0o600)
         s.listen(512)
         return s

@@ -1,0 +1,71 @@
+"""NodeService's own logic over the fake backend: fast, no runc (the fake is the only fake)."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+import dsec
+from dsec.api.models import ExecRequest, SandboxSpec
+from dsec.node.agent.build import ensure_agent
+from dsec.node.backends.fake import FakeBackend
+from dsec.node.config import NodeConfig
+from dsec.node.service import NodeService
+from dsec.node.store import NodeStore
+
+
+@pytest.fixture
+async def node(tmp_path: Path):
+    config = NodeConfig(state_dir=tmp_path, backends=["container"])
+    backend = FakeBackend(tmp_path, ensure_agent(tmp_path / "bin"))
+    svc = NodeService(config, {"container": backend}, NodeStore(tmp_path / "node.db"),
+                      "node-fa4e0001")
+    yield svc
+    await svc.close(stop_sandboxes=True)
+
+
+async def test_create_exec_stop(node):
+    info = await node.create(SandboxSpec())
+    assert info.id.startswith("sb-fa4e0001-") and info.state == "running"
+    r = await node.exec(info.id, ExecRequest(cmd="echo $((1+2))"))
+    assert r.stdout == "3\n"
+    await node.stop(info.id)
+    with pytest.raises(dsec.NotFound):
+        await node.get(info.id)
+
+
+async def test_reaper_stops_expired_and_idle(node):
+    old = await node.create(SandboxSpec(ttl_s=10))
+    idle = await node.create(SandboxSpec(idle_ttl_s=5))
+    keep = await node.create(SandboxSpec(ttl_s=100, idle_ttl_s=50))
+    await node.reap(time.time() + 20)
+    left = {i.id for i in await node.list()}
+    assert left == {keep.id} and old.id not in left and idle.id not in left
+
+
+async def test_idle_pause_instead_of_stop(node):
+    sb = await node.create(SandboxSpec(idle_ttl_s=5, on_idle="pause"))
+    await node.reap(time.time() + 10)
+    assert (await node.get(sb.id)).state == "paused"
+    await node.exec(sb.id, ExecRequest(cmd="true"))  # any request resumes
+    assert (await node.get(sb.id)).state == "running"
+
+
+async def test_admission_refuses_past_the_limit(tmp_path):
+    from dsec.placement.admission import AdmissionPolicy
+    config = NodeConfig(state_dir=tmp_path, admission=AdmissionPolicy(max_sandboxes=2))
+    svc = NodeService(config, {"container": FakeBackend(tmp_path, ensure_agent(tmp_path / "b"))},
+                      NodeStore(tmp_path / "node.db"), "node-fa4e0002")
+    try:
+        await svc.create(SandboxSpec())
+        await svc.create(SandboxSpec())
+        with pytest.raises(dsec.Capacity, match="limit 2"):
+            await svc.create(SandboxSpec())
+    finally:
+        await svc.close(stop_sandboxes=True)
+
+
+async def test_records_are_durable(node, tmp_path):
+    sb = await node.create(SandboxSpec(labels={"k": "v"}))
+    rows = {r.id: r for r in NodeStore(tmp_path / "node.db").all()}
+    assert rows[sb.id].spec.labels == {"k": "v"} and rows[sb.id].state == "running"
