@@ -66,7 +66,7 @@ class AsyncSandbox:
         http_timeout = None if timeout is None else timeout + 30
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/exec", json=body,
                                            timeout=http_timeout)
-        return ExecResult.model_validate(resp.json())
+        return ExecResult.model_validate_json(resp.content)
 
     async def exec_stream(self, cmd: str | list[str], *, cwd: str | None = None,
                           env: dict[str, str] | None = None, user: str | None = None,

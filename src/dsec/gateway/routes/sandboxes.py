@@ -87,8 +87,10 @@ async def resume(request: Request, sb_id: str) -> SandboxInfo:
 
 
 @router.post("/sandboxes/{sb_id}/exec", response_model=ExecResult)
-async def exec_(request: Request, sb_id: str, req: ExecRequest) -> ExecResult:
-    return await node_of(request, sb_id).exec(sb_id, req)
+async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
+    result = await node_of(request, sb_id).exec(sb_id, req)
+    # the hottest route: serialise once, skipping FastAPI's re-validation of the model
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 @router.post("/sandboxes/{sb_id}/shells", response_model=ShellInfo, status_code=201)
