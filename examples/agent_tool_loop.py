@@ -16,10 +16,10 @@ import dsec
 from dsec.rl import TOOLS, ToolAdapter
 
 SCRIPT = [
-    {"name": "write_file", "arguments": {"path": "/work/notes.txt", "content": "todo: count\n"}},
-    {"name": "bash", "arguments": {"command": "echo run >> /work/runs; wc -l < /work/runs"}},
-    {"name": "read_file", "arguments": json.dumps({"path": "/work/notes.txt"})},
-    {"name": "bash", "arguments": {"command": "echo run >> /work/runs; wc -l < /work/runs"}},
+    {"name": "write_file", "arguments": {"path": "/workspace/notes.txt", "content": "todo: count\n"}},
+    {"name": "bash", "arguments": {"command": "echo run >> /workspace/runs; wc -l < /workspace/runs"}},
+    {"name": "read_file", "arguments": json.dumps({"path": "/workspace/notes.txt"})},
+    {"name": "bash", "arguments": {"command": "echo run >> /workspace/runs; wc -l < /workspace/runs"}},
 ]
 
 
@@ -45,12 +45,12 @@ def main() -> None:
     with dsec.Client() as client:
         sb = client.create(memory_mb=64)
         try:
-            sb.exec("mkdir -p /work")
+            sb.exec("mkdir -p /workspace")
             print("first loop:")
             run(client, sb.id, stop_after=3)
             print("restarted loop (first 3 calls come from the log):")
             run(client, sb.id)
-            runs = sb.files.read("/work/runs").decode().count("run")
+            runs = sb.files.read("/workspace/runs").decode().count("run")
             print(f"the counting command ran {runs} times for 2 distinct calls")
         finally:
             sb.stop()

@@ -15,13 +15,13 @@ SPEC = """
 tag = "toolkit/hello:v1"
 base = "busybox"
 env = { GREETING = "hi" }
-workdir = "/work"
+workdir = "/workspace"
 exclude = ["/root/.ash_history"]
 labels = { team = "rl" }
 steps = [
   { copy = "hello.sh", to = "/usr/local/bin/hello" },
-  { copy = "data", to = "/work/data" },
-  { run = "chmod 755 /usr/local/bin/hello && hello > /work/out.txt" },
+  { copy = "data", to = "/workspace/data" },
+  { run = "chmod 755 /usr/local/bin/hello && hello > /workspace/out.txt" },
   { run = "rm /etc/hostname && echo $GREETING > greeting && cat /proc/self/stat > /dev/null" },
 ]
 """
@@ -45,12 +45,12 @@ def test_build_runs_steps_and_packs_the_result(svc, busybox, spec_file, tmp_path
     r = svc.resolve("toolkit/hello:v1")
     assert r.layer_digests[-1] == info.digest and len(r.lowerdirs) == 2
     top = r.lowerdirs[0]
-    assert (top / "work/out.txt").read_text() == "hello from hi\n"
-    assert (top / "work/greeting").read_text() == "hi\n"
-    assert (top / "work/data/x.txt").read_text() == "x"
+    assert (top / "workspace/out.txt").read_text() == "hello from hi\n"
+    assert (top / "workspace/greeting").read_text() == "hi\n"
+    assert (top / "workspace/data/x.txt").read_text() == "x"
     assert os.lstat(top / "etc/hostname").st_rdev == 0  # whiteout
     assert not (top / "proc/self").exists()
-    assert r.config.env["GREETING"] == "hi" and r.config.cwd == "/work"
+    assert r.config.env["GREETING"] == "hi" and r.config.cwd == "/workspace"
     assert r.config.labels["team"] == "rl"
     assert [m for m in mounts_under(tmp_path) if m[1] == "overlay"] == []
     assert not list(svc.store.tmp.iterdir())

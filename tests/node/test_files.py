@@ -10,15 +10,15 @@ import dsec
 
 
 async def test_write_read_stat_list_mkdir_remove(sandbox):
-    await sandbox.files.mkdir("/work/sub")
-    info = await sandbox.files.write("/work/sub/a.txt", b"hello", mode=0o600)
+    await sandbox.files.mkdir("/workspace/sub")
+    info = await sandbox.files.write("/workspace/sub/a.txt", b"hello", mode=0o600)
     assert info.size == 5 and info.mode == 0o600 and info.type == "file"
-    assert await sandbox.files.read("/work/sub/a.txt") == b"hello"
-    assert [e.name for e in await sandbox.files.list("/work/sub")] == ["a.txt"]
-    assert (await sandbox.exec("cat /work/sub/a.txt")).stdout == "hello"
-    await sandbox.files.remove("/work", recursive=True)
+    assert await sandbox.files.read("/workspace/sub/a.txt") == b"hello"
+    assert [e.name for e in await sandbox.files.list("/workspace/sub")] == ["a.txt"]
+    assert (await sandbox.exec("cat /workspace/sub/a.txt")).stdout == "hello"
+    await sandbox.files.remove("/workspace", recursive=True)
     with pytest.raises(dsec.NotFound):
-        await sandbox.files.stat("/work/sub/a.txt")
+        await sandbox.files.stat("/workspace/sub/a.txt")
 
 
 async def test_dotdot_stays_inside(sandbox):

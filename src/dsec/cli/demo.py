@@ -100,10 +100,10 @@ def _run(tour: _Tour, client, image: str, count: int, job: str) -> None:
             tour.say(f"{ev.type}: {escape(ev.data.rstrip())}")
 
     tour.step("a shell session keeps its working directory and exported variables",
-              "sh = a.shell()\nsh.run('mkdir -p /work && cd /work && export GREETING=hello')\n"
+              "sh = a.shell()\nsh.run('mkdir -p /workspace && cd /workspace && export GREETING=hello')\n"
               "sh.run('pwd; echo $GREETING')")
     sh = a.shell()
-    sh.run("mkdir -p /work && cd /work && export GREETING=hello")
+    sh.run("mkdir -p /workspace && cd /workspace && export GREETING=hello")
     tour.show("output:", sh.run("pwd; echo $GREETING").stdout)
     sh.close()
 

@@ -6,11 +6,11 @@ A spec is TOML (or JSON)::
     base = "busybox"
     layers = []                      # extra layers stacked on the base
     env = { GREETING = "hi" }
-    workdir = "/work"
+    workdir = "/workspace"
     exclude = ["/root/.cache"]       # cleaned out before packing
     steps = [
       { copy = "hello.sh", to = "/usr/local/bin/hello" },   # relative to the spec's folder
-      { run = "chmod +x /usr/local/bin/hello && mkdir -p /work" },
+      { run = "chmod +x /usr/local/bin/hello && mkdir -p /workspace" },
     ]
 
 Steps run on an overlay of the base; the overlay's upper dir is packed with ``pack_diff``.
