@@ -59,6 +59,7 @@ class NodeService:
         self._filler: asyncio.Task | None = None
         self._creating = 0
         self._start_sem = asyncio.Semaphore(config.start_concurrency)
+        self._stop_sem = asyncio.Semaphore(config.start_concurrency * 2)
 
     @classmethod
     async def open(cls, config: NodeConfig) -> NodeService:
@@ -283,7 +284,8 @@ class NodeService:
             self.shells.pop(sh_id).close()
         await keep_network_audit(self, rec)
         try:
-            await self.backends[rec.spec.backend].stop(rec)
+            async with self._stop_sem:  # a mass stop must not starve the server's threads
+                await self.backends[rec.spec.backend].stop(rec)
         finally:
             self.records.pop(sb_id, None)
             self.store.delete(sb_id)

@@ -168,7 +168,12 @@ class AsyncClient:
     async def stop_all(self, job: str | None = None) -> int:
         """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
         infos = await self.list(job=job)
-        await asyncio.gather(*(self._request("DELETE", f"/v1/sandboxes/{i.id}") for i in infos))
+        gate = asyncio.Semaphore(32)  # thousands at once would only queue up on the server
+
+        async def stop(sb_id: str) -> None:
+            async with gate:
+                await self._request("DELETE", f"/v1/sandboxes/{sb_id}")
+        await asyncio.gather(*(stop(i.id) for i in infos))
         return len(infos)
 
     # ---- stateless calls (the fncall backend) ----
