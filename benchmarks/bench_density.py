@@ -17,6 +17,7 @@ from pathlib import Path
 import common
 
 import dsec
+from dsec.node.host.procfs import pss
 
 CG = Path("/sys/fs/cgroup")
 SPEC = {"memory_mb": 64, "cpu": 0.1}  # admission caps reserved CPUs at 64 per core
@@ -41,17 +42,6 @@ def cgroup_pids(sb_id: str) -> list[int]:
         if f.exists():
             return [int(x) for x in f.read_text().split()]
     return []
-
-
-def pss(pid: int) -> int:
-    """Proportional set size of a process in bytes (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def settle() -> dict[str, int]:

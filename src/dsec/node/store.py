@@ -49,19 +49,6 @@ class NodeStore:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?)", row)
 
-    def put_many(self, recs: list[SandboxRecord]) -> None:
-        rows = [(r.id, r.spec.model_dump_json(), r.state, r.created_at, r.last_active_at,
-                 r.expires_at, json.dumps(r.runtime), r.error) for r in recs]
-        with self._lock:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO sandboxes VALUES (?,?,?,?,?,?,?,?)",
-                                 rows)
-            self._db.execute("COMMIT")
-
-    def touch(self, sb_id: str, when: float) -> None:
-        with self._lock:
-            self._db.execute("UPDATE sandboxes SET last_active_at=? WHERE id=?", (when, sb_id))
-
     def delete(self, sb_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sandboxes WHERE id=?", (sb_id,))

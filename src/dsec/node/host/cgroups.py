@@ -15,7 +15,6 @@ from pathlib import Path
 __all__ = ["CgroupDriver", "CgroupV1", "CgroupV2", "detect", "ROOT"]
 
 ROOT = Path("/sys/fs/cgroup")
-V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "cpuset", "pids", "freezer", "devices", "blkio")
 
 
 def _read_kv(path: Path) -> dict[str, int]:

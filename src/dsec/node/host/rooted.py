@@ -19,7 +19,7 @@ from typing import BinaryIO
 from dsec.api.errors import InvalidArgument, NotFound
 from dsec.api.models import FileInfo
 
-__all__ = ["RootedFiles", "openat2"]
+__all__ = ["RootedFiles", "openat2", "file_kind", "normalize_path"]
 
 _SYS_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -43,7 +43,8 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
     return int(fd)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """The API's name for a file type given ``st_mode``."""
     if st.S_ISREG(mode):
         return "file"
     if st.S_ISDIR(mode):
@@ -54,11 +55,12 @@ def _kind(mode: int) -> str:
 
 
 def _info(path: str, s: os.stat_result) -> FileInfo:
-    return FileInfo(path=path, name=PurePosixPath(path).name or "/", type=_kind(s.st_mode),
+    return FileInfo(path=path, name=PurePosixPath(path).name or "/", type=file_kind(s.st_mode),
                     size=s.st_size, mode=st.S_IMODE(s.st_mode), mtime=s.st_mtime)
 
 
-def _norm(path: str) -> str:
+def normalize_path(path: str) -> str:
+    """An absolute, normalised sandbox path; empty or NUL-bearing paths are refused."""
     if not path or "\x00" in path:
         raise InvalidArgument(f"path must be a non-empty string without NUL; got {path!r}")
     return "/" + str(PurePosixPath("/", path)).lstrip("/")
@@ -97,13 +99,13 @@ class RootedFiles:
             os.close(rootfd)
 
     def _parent(self, path: str) -> tuple[int, str]:
-        p = PurePosixPath(_norm(path))
+        p = PurePosixPath(normalize_path(path))
         if p.name in ("", ".", ".."):
             raise InvalidArgument(f"path names no entry: {path}")
         return self._open(str(p.parent), os.O_PATH | os.O_DIRECTORY), p.name
 
     def stat(self, path: str) -> FileInfo:
-        path = _norm(path)
+        path = normalize_path(path)
         with _Errors(path):
             if path == "/":
                 return _info(path, os.stat(self.root))
@@ -114,7 +116,7 @@ class RootedFiles:
                 os.close(dfd)
 
     def list(self, path: str) -> list[FileInfo]:
-        path = _norm(path)
+        path = normalize_path(path)
         with _Errors(path):
             fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -127,7 +129,7 @@ class RootedFiles:
                 os.close(fd)
 
     def mkdir(self, path: str, parents: bool = True) -> None:
-        path = _norm(path)
+        path = normalize_path(path)
         with _Errors(path):
             parts = PurePosixPath(path).parts[1:]
             todo = range(len(parts)) if parents else [len(parts) - 1]
@@ -143,7 +145,7 @@ class RootedFiles:
                     os.close(dfd)
 
     def remove(self, path: str, recursive: bool = False) -> None:
-        path = _norm(path)
+        path = normalize_path(path)
         if path == "/":
             raise InvalidArgument("refusing to remove the sandbox root")
         with _Errors(path):
@@ -161,7 +163,7 @@ class RootedFiles:
                 os.close(dfd)
 
     def open_read(self, path: str) -> BinaryIO:
-        path = _norm(path)
+        path = normalize_path(path)
         with _Errors(path):
             fd = self._open(path, os.O_RDONLY)
             if st.S_ISDIR(os.fstat(fd).st_mode):
@@ -170,7 +172,7 @@ class RootedFiles:
             return os.fdopen(fd, "rb", buffering=0)
 
     def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
-        path = _norm(path)
+        path = normalize_path(path)
         with _Errors(path):
             fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             return os.fdopen(fd, "wb", buffering=0)
@@ -178,21 +180,21 @@ class RootedFiles:
     def tar_out(self, path: str) -> Iterator[bytes]:
         """A tar stream of ``path`` (a directory or file), built entry by entry."""
         from dsec.node.host.tarstream import tar_chunks
-        path = _norm(path)
+        path = normalize_path(path)
         self.stat(path)
         return tar_chunks(self, path)
 
     def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
         """Unpack a tar stream under ``path``; hostile entries are refused by name."""
         from dsec.node.host.tarstream import untar_into
-        path = _norm(path)
+        path = normalize_path(path)
         self.mkdir(path)
         with _Errors(path):
             return untar_into(self, path, stream, max_bytes)
 
     # used by tarstream
     def open_dir_fd(self, path: str) -> int:
-        return self._open(_norm(path), os.O_RDONLY | os.O_DIRECTORY)
+        return self._open(normalize_path(path), os.O_RDONLY | os.O_DIRECTORY)
 
     def symlink(self, target: str, path: str) -> None:
         dfd, name = self._parent(path)

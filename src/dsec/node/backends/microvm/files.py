@@ -17,6 +17,7 @@ from typing import BinaryIO
 from dsec.api.errors import InvalidArgument, NotFound
 from dsec.api.models import FileInfo
 from dsec.node.backends.microvm.agentsync import SyncCommand
+from dsec.node.host.rooted import file_kind, normalize_path
 
 __all__ = ["AgentFiles"]
 
@@ -24,27 +25,11 @@ BB = "/.dsec/busybox"
 _STAT_FMT = "%f|%s|%Y|%n"
 
 
-def _norm(path: str) -> str:
-    if not path or "\x00" in path:
-        raise InvalidArgument(f"path must be a non-empty string without NUL; got {path!r}")
-    return "/" + str(PurePosixPath("/", path)).lstrip("/")
-
-
-def _kind(mode: int) -> str:
-    if st.S_ISREG(mode):
-        return "file"
-    if st.S_ISDIR(mode):
-        return "dir"
-    if st.S_ISLNK(mode):
-        return "symlink"
-    return "other"
-
-
 def _parse_stat(line: str, path: str | None = None) -> FileInfo:
     raw_mode, size, mtime, name = line.split("|", 3)
     mode = int(raw_mode, 16)
     p = path or name
-    return FileInfo(path=p, name=PurePosixPath(p).name or "/", type=_kind(mode),
+    return FileInfo(path=p, name=PurePosixPath(p).name or "/", type=file_kind(mode),
                     size=int(size), mode=st.S_IMODE(mode), mtime=float(mtime))
 
 
@@ -127,12 +112,12 @@ class AgentFiles:
         return out
 
     def stat(self, path: str) -> FileInfo:
-        path = _norm(path)
+        path = normalize_path(path)
         out = self._run(path, f'exec {BB} stat -c "{_STAT_FMT}" -- "$1"', path)
         return _parse_stat(out.decode(errors="replace").rstrip("\n"), path)
 
     def list(self, path: str) -> list[FileInfo]:
-        path = _norm(path)
+        path = normalize_path(path)
         script = (f'cd -- "$1" || exit 2; for f in * .[!.]* ..?*; do '
                   f'[ -e "$f" ] || [ -L "$f" ] || continue; '
                   f'{BB} stat -c "{_STAT_FMT}" -- "$f"; done')
@@ -143,11 +128,11 @@ class AgentFiles:
         return sorted(entries, key=lambda e: e.name)
 
     def mkdir(self, path: str, parents: bool = True) -> None:
-        path = _norm(path)
+        path = normalize_path(path)
         self._run(path, f'exec {BB} mkdir {"-p" if parents else ""} -- "$1"', path)
 
     def remove(self, path: str, recursive: bool = False) -> None:
-        path = _norm(path)
+        path = normalize_path(path)
         if path == "/":
             raise InvalidArgument("refusing to remove the sandbox root")
         rm_dir = f"{BB} rm -rf" if recursive else f"{BB} rmdir"
@@ -157,14 +142,14 @@ class AgentFiles:
         self._run(path, script, path)
 
     def open_read(self, path: str) -> BinaryIO:
-        path = _norm(path)
+        path = normalize_path(path)
         if self.stat(path).type == "dir":
             raise InvalidArgument(f"{path} is a directory; use list or download a tar")
         cmd = self._cmd(f'exec {BB} cat -- "$1"', path)
         return io.BufferedReader(_Reader(cmd, path), 1 << 16)  # type: ignore[return-value]
 
     def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
-        path = _norm(path)
+        path = normalize_path(path)
         parent = str(PurePosixPath(path).parent)
         if self.stat(parent).type != "dir":
             raise InvalidArgument(f"{parent} is not a directory")
@@ -173,7 +158,7 @@ class AgentFiles:
 
     def tar_out(self, path: str) -> Iterator[bytes]:
         """A tar stream of ``path`` whose top entry is its base name."""
-        path = _norm(path)
+        path = normalize_path(path)
         self.stat(path)
         p = PurePosixPath(path)
         cmd = self._cmd(f'cd -- "$1" && exec {BB} tar -cf - -- "$2"', str(p.parent),
@@ -190,7 +175,7 @@ class AgentFiles:
 
     def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
         """Unpack a tar stream under ``path`` (created if needed); returns bytes read."""
-        path = _norm(path)
+        path = normalize_path(path)
         cmd = self._cmd(f'{BB} mkdir -p -- "$1" && cd -- "$1" && exec {BB} tar -xf -', path)
         total = 0
         try:

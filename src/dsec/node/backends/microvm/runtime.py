@@ -17,6 +17,7 @@ from dsec.node.agent.client import AgentConnector, ping
 from dsec.node.backends.microvm.console import console_tail
 from dsec.node.backends.microvm.qemu import LaunchSpec, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
+from dsec.node.host.procfs import pss
 
 __all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch", "read_port",
            "port_connector", "wait_ready", "guest_status", "qemu_pss"]
@@ -98,15 +99,7 @@ async def guest_status(d: Path) -> str | None:
 def qemu_pss(d: Path) -> int:
     """Pss of the guest's QEMU process in bytes (0 when it is not running)."""
     pid = read_pid(d)
-    if pid is None:
-        return 0
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return 0 if pid is None else pss(pid)
 
 
 def load_launch(d: Path) -> LaunchSpec:
