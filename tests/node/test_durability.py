@@ -53,3 +53,14 @@ async def test_a_sandbox_killed_while_the_server_was_down_is_cleaned_up(own_serv
         with pytest.raises(dsec.NotFound):
             await c.get(sb.id)
     assert leftovers(srv.state_dir) == []
+
+
+def test_a_node_stopped_with_no_sandboxes_leaves_no_layer_mount(own_server):
+    import httpx
+    srv = own_server
+    headers = {"authorization": f"Bearer {srv.token}"}
+    r = httpx.post(f"{srv.url}/v1/sandboxes", json={"memory_mb": 64}, headers=headers)
+    httpx.delete(f"{srv.url}/v1/sandboxes/{r.json()['id']}", headers=headers)
+    srv.stop()
+    mounts = open("/proc/self/mountinfo").read()
+    assert str(srv.state_dir) not in mounts

@@ -19,8 +19,13 @@ def pooled_server():
 
 
 async def _pool_ids(srv) -> set[str]:
-    d = srv.state_dir / "sandboxes"
-    return {p.name for p in d.iterdir()} if d.is_dir() else set()
+    """Pool members the node has recorded (started, not merely being started)."""
+    from dsec.node.store import NodeStore
+    store = NodeStore(srv.state_dir / "node.db")
+    try:
+        return {r.id for r in store.all() if r.state == "pooled"}
+    finally:
+        store.close()
 
 
 async def _wait_pool(srv, n: int, listed: set[str]) -> set[str]:

@@ -99,12 +99,8 @@ class _NodeActor:
         if self.server is not None:
             self.server.should_exit = True
             await self._task
-        if self.node is not None:
+        if self.node is not None:  # with no sandbox left, close() also unmounts the layers
             await self.node.close(stop_sandboxes=stop_sandboxes)
-            if stop_sandboxes:
-                images = getattr(self.node.backends.get("container"), "images", None)
-                if images is not None:
-                    images.unmount_all()
 
 
 def node_actor_class():

@@ -95,6 +95,11 @@ class NodeService:
         for backend in self.backends.values():
             if hasattr(backend, "close"):  # backends with node-wide resources (fncall pools)
                 await backend.close()
+        images = getattr(self.backends.get("container"), "images", None)
+        if images is not None and not self.records:
+            # Layer mounts serve running sandboxes only; a node that leaves none running
+            # leaves no mount (nor lazy-loading daemon) behind. The next start remounts.
+            await asyncio.to_thread(images.unmount_all)
         self.store.close()
         self.trajectory.close()
         await self.network.close()
@@ -122,8 +127,8 @@ class NodeService:
         root = self.config.state_dir / "sandboxes"
         if not root.is_dir():
             return
+        pooled = {r.id for m in self.pool.members.values() for r in m}
         for d in root.iterdir():
-            pooled = {r.id for m in self.pool.members.values() for r in m}
             if d.name not in self.records and d.name not in pooled:
                 spec = SandboxSpec(backend=_backend_of_dir(d, self.backends))
                 rec = SandboxRecord(id=d.name, spec=spec, state="failed", created_at=0,
@@ -437,11 +442,6 @@ class NodeService:
 
     def record(self, sb_id: str) -> SandboxRecord:
         return self._get(sb_id)
-
-    def touch_store(self) -> None:
-        """Persist last-activity times (cheap; called by the reaper's caller if wanted)."""
-        for rec in self.records.values():
-            self.store.touch(rec.id, rec.last_active_at)
 
 
 def _shell_env(rec: SandboxRecord) -> dict[str, str]:
