@@ -25,7 +25,8 @@ def sh(cmd: str) -> subprocess.CompletedProcess:
 def start_net_server() -> ServerProcess:
     d = Path(tempfile.mkdtemp(prefix="dsec-net-"))
     (d / "network.json").write_text(json.dumps({"subnet": SUBNET, "permissions": PERMISSIONS}))
-    return ServerProcess(state_dir=d).start()
+    # Guests too: their egress goes through the same per-sandbox rules as containers'.
+    return ServerProcess(state_dir=d, backends=["container", "microvm", "vm"]).start()
 
 
 class Peer:

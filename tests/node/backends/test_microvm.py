@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from dsec.api.errors import Internal, SandboxTimeout, Unsupported
+from dsec.api.errors import Internal, SandboxTimeout
 from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.images import ImageService
 from dsec.images.whiteout import is_opaque, is_whiteout
@@ -26,7 +27,7 @@ from dsec.node.backends.microvm.accel import detect_accel
 from dsec.node.backends.microvm.guest import ensure_guest
 from dsec.node.backends.microvm.qemu import LaunchSpec, qemu_argv, read_pid
 from dsec.node.execution import run_exec
-from dsec.node.host import cgroups
+from dsec.node.host import cgroups, netns
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -224,6 +225,8 @@ async def test_pause_to_disk_ends_qemu_and_restore_keeps_processes(guest):
         assert read_pid(d) is None and (d / "saved.mig").exists()
         assert await backend.alive(rec)
         await backend.resume(rec)
+        # The restored QEMU is back in the namespace the node plumbed (it outlived QEMU).
+        assert netns.inode(f"/proc/{read_pid(d)}/ns/net") == netns.inode(d / "netns")
     finally:
         backend.config.pause_to_disk = False
     code, out, _ = await run(backend, rec, "cat /tmp/kept; kill -0 $(cat /tmp/sleeper2)")
@@ -253,6 +256,9 @@ async def test_qemu_command_line_confines_the_guest(tmp_path):
                       scratch=tmp_path / "rw.img", workdir=tmp_path, host_port=4242)
     argv = " ".join(qemu_argv(spec))
     assert "restrict=on,hostfwd=tcp:127.0.0.1:4242-:7000" in argv  # loopback only, no egress
+    # In its own namespace, the namespace decides (loopback only until plumbed).
+    own = " ".join(qemu_argv(spec.model_copy(update={"netns": tmp_path / "netns"})))
+    assert "restrict=off,hostfwd=tcp:127.0.0.1:4242-:7000" in own
     assert "ringbuf" in argv and "file:" not in argv  # console in bounded memory, no file
     assert f"file={tmp_path / 'l0'},format=raw,readonly=on" in argv
     assert "-sandbox on" in argv and "shutdown=pause" in argv
@@ -268,12 +274,14 @@ async def test_accel_probe_answer_is_remembered(tmp_path):
     assert await detect_accel(tmp_path, "/bin/false", art) == "kvm"  # no second probe
 
 
-async def test_network_permissions_are_unsupported(state):
-    backend = make_backend(state)
-    rec = record("sb-mvnet", network={"pypi": True})
-    with pytest.raises(Unsupported):
-        await backend.start(rec)
-    assert not backend.sandbox_dir(rec.id).exists()
+async def test_the_guest_runs_in_its_own_network_namespace(guest):
+    backend, rec = guest
+    d = backend.sandbox_dir(rec.id)
+    own = netns.inode(rec.runtime["netns"])
+    assert own == netns.inode(f"/proc/{read_pid(d)}/ns/net") != netns.inode("/proc/self/ns/net")
+    listening = subprocess.run([*netns.nsenter_argv(Path(rec.runtime["netns"])), "ip", "-o",
+                                "link"], capture_output=True, text=True).stdout
+    assert [ln.split(":")[1].strip() for ln in listening.splitlines()] == ["lo"]
 
 
 async def test_panicking_guest_fails_fast_and_leaves_nothing(state):
@@ -305,6 +313,9 @@ async def test_clones_start_from_a_template_with_their_own_identity(state):
         code1, out1, _ = await run(backend, recs[1], "hostname; cat /only-here")
         assert out0 == b"sb-mvclone0\nmine\n"
         assert out1.startswith(b"sb-mvclone1\n") and code1 != 0
+        spaces = {netns.inode(f"/proc/{read_pid(backend.sandbox_dir(r.id))}/ns/net")
+                  for r in recs}
+        assert spaces == {netns.inode(r.runtime["netns"]) for r in recs} and len(spaces) == 2
     finally:
         for r in recs:
             await backend.stop(r)

@@ -1,5 +1,8 @@
 """Egress by named permissions, enforced with nftables inside each sandbox's network namespace.
 
+The namespace is a container's (its init's) or a guest's own, where its QEMU runs: the
+guest's connections leave as QEMU's sockets there, so one set of rules serves every backend.
+
 A sandbox created with ``network="none"`` keeps runc's fresh namespace with loopback only:
 no route leaves it. A sandbox with permissions (even all false) gets a veth pair: ``eth0``
 inside with a /30 from the node's sandbox subnet, ``dsv<node><n>`` on the host, NAT on
@@ -32,7 +35,8 @@ from dsec.api.errors import Internal, InvalidArgument, Unsupported
 from dsec.api.rl import DeniedFlow
 
 __all__ = ["Permission", "NetworkConfig", "NetworkManager", "render_sandbox_table",
-           "render_allow", "render_host_tables", "slot_addresses", "next_slot", "host_tables"]
+           "render_allow", "render_host_tables", "slot_addresses", "next_slot", "host_tables",
+           "netns_of"]
 
 
 
@@ -147,8 +151,19 @@ async def _run(*argv: str, stdin: str | None = None) -> str:
     return out.decode()
 
 
-def _in_netns(pid: int, *argv: str) -> tuple[str, ...]:
-    return ("nsenter", "-t", str(pid), "-n", *argv)
+def _in_netns(ns: str, *argv: str) -> tuple[str, ...]:
+    return ("nsenter", f"--net={ns}", *argv)
+
+
+def netns_of(rec) -> str:
+    """The file naming a sandbox's network namespace: a guest's own (``runtime["netns"]``,
+    where its QEMU runs) or a container's init's."""
+    if "netns" in rec.runtime:
+        return rec.runtime["netns"]
+    if "init_pid" in rec.runtime:
+        return f"/proc/{rec.runtime['init_pid']}/ns/net"
+    raise Unsupported(f"network permissions are not available on {rec.spec.backend} "
+                      f"sandboxes")
 
 
 class NetworkManager:
@@ -182,23 +197,21 @@ class NetworkManager:
     async def set(self, rec, allow: dict[str, bool], records) -> None:
         """Apply ``allow`` to a running (or paused) sandbox, adding its veth if needed."""
         self.check(allow)
-        if rec.spec.backend != "container":
-            raise Unsupported(f"network permissions are not available on {rec.spec.backend}")
-        pid = rec.runtime["init_pid"]
+        ns = netns_of(rec)
         async with self._lock:
             if "net" not in rec.runtime:
                 slot = next_slot({r.runtime["net"]["slot"] for r in records
                                   if "net" in r.runtime}, self._next_slot,
                                  ipaddress.IPv4Network(self.config.subnet).num_addresses // 4)
                 self._next_slot = slot + 1
-                await self._plumb(pid, slot, allow)
+                await self._plumb(ns, slot, allow)
                 rec.runtime["net"] = {"slot": slot,
                                       "address": slot_addresses(self.config.subnet, slot)[1]}
                 return
-        await _run(*_in_netns(pid, "nft", "-f", "-"),
+        await _run(*_in_netns(ns, "nft", "-f", "-"),
                    stdin=render_allow(allow, self.config.permissions))
 
-    async def _plumb(self, pid: int, slot: int, allow: dict[str, bool]) -> None:
+    async def _plumb(self, ns: str, slot: int, allow: dict[str, bool]) -> None:
         """Veth, addresses, route and rules: three commands, the namespace's side in one."""
         host_ip, sb_ip = slot_addresses(self.config.subnet, slot)
         await self._host_tables()
@@ -207,13 +220,13 @@ class NetworkManager:
         # may outlive it briefly. No record holds this slot, so such a link is stale.
         stale = f"link del {host}\n" if Path(f"/sys/class/net/{host}").exists() else ""
         await _run("ip", "-batch", "-", stdin=(
-            f"{stale}link add {host} type veth peer name {peer} netns {pid}\n"
+            f"{stale}link add {host} type veth peer name {peer} netns {ns}\n"
             f"addr add {host_ip}/30 dev {host}\nlink set {host} up\n"))
         # IPv4 only: IPv6 neighbour discovery would otherwise fill the drop counter.
         script = (f"echo 1 > /proc/sys/net/ipv6/conf/{peer}/disable_ipv6 && "
                   f"ip link set {peer} name eth0 && ip addr add {sb_ip}/30 dev eth0 && "
                   f"ip link set eth0 up && ip route add default via {host_ip} && nft -f -")
-        await _run(*_in_netns(pid, "sh", "-c", script),
+        await _run(*_in_netns(ns, "sh", "-c", script),
                    stdin=render_sandbox_table() + render_allow(allow, self.config.permissions))
 
     async def _host_tables(self) -> None:
@@ -230,11 +243,11 @@ class NetworkManager:
         """Packets refused so far, and each refused destination with its packet count."""
         if "net" not in rec.runtime:
             return 0, []
-        pid = rec.runtime["init_pid"]
-        counter = json.loads(await _run(*_in_netns(pid, "nft", "-j", "list", "counter",
+        ns = netns_of(rec)
+        counter = json.loads(await _run(*_in_netns(ns, "nft", "-j", "list", "counter",
                                                    "inet", "dsec", "dropped")))
         dropped = next(x["counter"]["packets"] for x in counter["nftables"] if "counter" in x)
-        listing = json.loads(await _run(*_in_netns(pid, "nft", "-j", "list", "set", "inet",
+        listing = json.loads(await _run(*_in_netns(ns, "nft", "-j", "list", "set", "inet",
                                                    "dsec", "denied")))
         return dropped, _denied_flows(listing)
 

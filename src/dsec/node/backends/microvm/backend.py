@@ -3,13 +3,18 @@
 Per sandbox, under ``<state>/sandboxes/<id>/``:
   backend      "microvm" (how the node's orphan sweep finds the owner)
   launch.json  the LaunchSpec QEMU was started from (restore rebuilds the same machine)
-  qemu.pid, qmp.sock, port   the running QEMU, its control socket, the agent's host port
+  netns        the guest's network namespace (bind-mounted; QEMU runs in it)
+  qemu.pid, qmp.sock, port   the running QEMU, its control socket, the agent's port
   rw.img       the writable disk (sparse ext4, ``disk_mb``; or a qcow2 over a template's)
   console.log  the drained serial console, size-capped
   saved.mig    guest RAM and device state while paused to disk
 The guest boots the Debian kernel with dsec's initramfs, which mounts the image's EROFS
 layers (the layer blob files, shared read-only by every guest) under an overlay on rw.img
-and runs the dsec-agent; the node reaches it by loopback TCP through QEMU user networking.
+and runs the dsec-agent; the node reaches it by TCP on the namespace's loopback, which QEMU
+user networking forwards to the guest. The guest's outgoing connections become QEMU's own
+sockets in that namespace, so egress is the namespace's: loopback only until the node's
+network policy adds a veth and nftables rules (:mod:`dsec.node.host.netpolicy`), exactly
+as for a container.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import asyncio
 import hashlib
 import math
 import shutil
-import socket
 from pathlib import Path
 from typing import Literal
 
@@ -38,9 +42,10 @@ from dsec.node.backends.microvm.guest import GuestArtifacts, ensure_guest
 from dsec.node.backends.microvm.pack import pack_guest_upper
 from dsec.node.backends.microvm.qemu import LaunchSpec, kill_qemu, launch, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
-from dsec.node.backends.microvm.runtime import (FAILED_STATES, make_scratch, port_connector,
-                                                 qemu_pss, read_port, save_launch,
-                                                 wait_ready)
+from dsec.node.backends.microvm.runtime import (FAILED_STATES, connect_sync, make_scratch,
+                                                 netns_path, port_connector, qemu_pss,
+                                                 save_launch, wait_ready)
+from dsec.node.host import netns
 
 __all__ = ["MicroVMBackend", "MicroVMConfig"]
 
@@ -116,11 +121,6 @@ class MicroVMBackend:
     async def launch_spec(self, s: SandboxSpec, d: Path,
                           hostname: str) -> tuple[LaunchSpec, dict]:
         """The machine for sandbox spec ``s`` and the image facts the node keeps."""
-        if s.network != "none":
-            # QEMU user networking can only allow everything or nothing; named egress
-            # permissions would need the guest's traffic routed through the node's policy.
-            raise Unsupported(f"network permissions are not available on {self.name} "
-                              f"sandboxes yet; use network='none'")
         art = await self.artifacts()
         resolved = await asyncio.to_thread(self.images.resolve, s.image, s.layers)
         # One host file per layer, shared read-only by every guest (a lazy FUSE file when
@@ -132,6 +132,7 @@ class MicroVMBackend:
             memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)),
             kernel=art.kernel if self.config.uncompressed_kernel else art.bzimage,
             initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
+            netns=netns_path(d),
             agent_port=self.config.agent_port, hostname=hostname,
             cmdline=self.config.kernel_args, cpu=s.cpu)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
@@ -147,6 +148,9 @@ class MicroVMBackend:
         try:
             spec, facts = await self.launch_spec(rec.spec, d, _hostname(rec.id))
             spec = spec.model_copy(update={"cgroup": rec.id})
+            # The guest's network namespace outlives its QEMU (a guest saved to disk comes
+            # back in it) and is where the node plumbs egress, as for a container.
+            await asyncio.to_thread(netns.create, netns_path(d))
             if self.config.warm_start:
                 template = await self.ensure_template(rec.spec)
                 await snapshot.clone(template, d, spec.hostname, rec.id, rec.spec.cpu)
@@ -155,7 +159,8 @@ class MicroVMBackend:
         except BaseException:
             await self.stop(rec)
             raise
-        return {"dir": str(d), "accel": spec.accel, "warm": self.config.warm_start, **facts}
+        return {"dir": str(d), "accel": spec.accel, "warm": self.config.warm_start,
+                "netns": str(netns_path(d)), **facts}
 
     async def prepare_disks(self, spec: LaunchSpec, disk_mb: int) -> None:
         """Create the guest's writable disk before QEMU starts."""
@@ -182,18 +187,25 @@ class MicroVMBackend:
             if snapshot.saved_path(tdir).exists():
                 return tdir
             await kill_qemu(tdir)  # a template half made when the node died
+            await asyncio.to_thread(netns.remove, netns_path(tdir))
             await asyncio.to_thread(shutil.rmtree, tdir, True)
             tdir.mkdir(parents=True)
             try:
                 # The template's paths are its final ones: clones' qcow2 files name its disk.
-                spec = probe.model_copy(update={"workdir": tdir, "scratch": tdir / "rw.img"})
+                spec = probe.model_copy(update={"workdir": tdir, "scratch": tdir / "rw.img",
+                                                "netns": netns_path(tdir)})
+                await asyncio.to_thread(netns.create, netns_path(tdir))
                 await self._boot(spec, s.disk_mb)
                 await snapshot.save(tdir)
                 (tdir / "rw.img").chmod(0o444)
             except BaseException:
                 await kill_qemu(tdir)
+                await asyncio.to_thread(netns.remove, netns_path(tdir))
                 await asyncio.to_thread(shutil.rmtree, tdir, True)
                 raise
+            finally:
+                # Clones run in their own namespaces: the template's served its boot only.
+                await asyncio.to_thread(netns.remove, netns_path(tdir))
         return tdir
 
     async def drop_templates(self) -> None:
@@ -206,6 +218,7 @@ class MicroVMBackend:
         if read_pid(d) is not None:
             await asyncio.to_thread(drain_console, d, self.config.console_log_bytes)
         await kill_qemu(d)
+        await asyncio.to_thread(netns.remove, netns_path(d))
         await asyncio.to_thread(release, rec.id)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
@@ -241,7 +254,7 @@ class MicroVMBackend:
 
     def files(self, rec: SandboxRecord) -> AgentFiles:
         d = self.sandbox_dir(rec.id)
-        return AgentFiles(lambda: socket.create_connection(("127.0.0.1", read_port(d)), 10))
+        return AgentFiles(lambda: connect_sync(d))
 
     def oom_kills(self, rec: SandboxRecord) -> int:
         d = self.sandbox_dir(rec.id)
@@ -288,7 +301,7 @@ class MicroVMBackend:
 def template_key(spec: LaunchSpec, disk_mb: int) -> str:
     """What a clone must share with its template: layers, machine size, kernel, accel."""
     parts = [str(p) for p in spec.layers] + [
-        str(spec.memory_mb), str(spec.vcpus), str(disk_mb), str(spec.network), spec.accel,
+        str(spec.memory_mb), str(spec.vcpus), str(disk_mb), spec.accel,
         str(spec.kernel), str(spec.initrd), str(spec.agent_port)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

@@ -2,11 +2,15 @@
 
 The guest has no device the host did not list: its image layers as read-only virtio-blk
 disks (the layer blob files themselves, shared by every guest), one writable disk, one
-virtio-net on QEMU user networking with ``restrict=on`` (the guest reaches nothing) plus a
-loopback-only port forward to the agent, and its serial console in an in-QEMU ring buffer
+virtio-net on QEMU user networking plus a loopback-only port forward to the agent, and its
+serial console in an in-QEMU ring buffer
 (bounded memory; the node drains it into a size-capped file). A guest power-off or reboot
 (the init script's failure path, a kernel panic with ``panic=-1``) pauses QEMU instead of
 ending it, so the node can still read the console and report why.
+
+Sandboxes' QEMU runs in the guest's own network namespace with user networking unrestricted:
+what the guest reaches is what that namespace routes and its nftables allow. A QEMU in the
+host's namespace (the KVM probe, the bare-boot benchmark) has ``restrict=on``: nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Capacity, Internal
+from dsec.node.host.netns import nsenter_argv
 
 __all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
            "free_port", "pid_alive", "kill_qemu", "read_pid"]
@@ -57,7 +62,12 @@ class LaunchSpec(BaseModel):
     host_port: int = Field(0, description="loopback port forwarded to the agent")
     agent_port: int = Field(7000, description="the agent's port inside the guest")
     hostname: str = Field("dsec", description="guest hostname")
-    network: bool = Field(False, description="let the guest reach out (restrict=off)")
+    netns: Path | None = Field(None, description="the guest's own network namespace (a "
+                                                 "file, see host.netns): QEMU runs in it, "
+                                                 "its user networking is unrestricted and "
+                                                 "the namespace's routes and nftables "
+                                                 "decide egress; None: host namespace, "
+                                                 "restricted (no egress at all)")
     console_bytes: int = Field(1 << 18, ge=4096, description="console ring buffer size")
     display: bool = Field(False, description="q35: a VGA display for screendump and input")
     incoming_fd: int | None = Field(None, description="restore saved state from this fd")
@@ -144,7 +154,9 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     # back to the host, so an idle guest costs what it uses, not what it once touched.
     balloon = "virtio-balloon-device" if spec.machine == "microvm" else "virtio-balloon-pci"
     argv += ["-device", f"{balloon},free-page-reporting=on"]
-    restrict = "off" if spec.network else "on"
+    # In its own namespace the guest reaches what the namespace routes (nothing until the
+    # node plumbs a veth with its rules); in the host's it must not reach anything.
+    restrict = "off" if spec.netns is not None else "on"
     # q35: no option ROM on the NIC (iPXE), the guest never boots from the network.
     net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci,romfile="
     argv += ["-netdev", f"user,id=n0,restrict={restrict},"
@@ -167,17 +179,22 @@ def free_port() -> int:
 
 
 async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
-    """Start QEMU daemonized; returns the spec with the port it got. Retries a port race."""
+    """Start QEMU daemonized; returns the spec with the port it got. Retries a port race.
+
+    In its own network namespace the agent's port is forwarded from the namespace's own
+    loopback, where no one else binds: the port is fixed and there is no race."""
     spec.workdir.mkdir(parents=True, exist_ok=True)
+    prefix = nsenter_argv(spec.netns) if spec.netns is not None else []
     last = ""
     for _ in range(attempts):
-        spec = spec.model_copy(update={"host_port": free_port()})
+        port = spec.agent_port if spec.netns is not None else free_port()
+        spec = spec.model_copy(update={"host_port": port})
         pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
         # A blocking run in a thread, not asyncio's subprocess: uvloop's process transport
         # waits for every descendant of the child to exit, and QEMU's daemon never does.
         proc = await asyncio.to_thread(
-            subprocess.run, qemu_argv(spec), stdin=subprocess.DEVNULL, capture_output=True,
-            start_new_session=True, pass_fds=pass_fds)
+            subprocess.run, prefix + qemu_argv(spec), stdin=subprocess.DEVNULL,
+            capture_output=True, start_new_session=True, pass_fds=pass_fds)
         out, err = proc.stdout, proc.stderr
         if proc.returncode == 0:
             if spec.cgroup is not None:

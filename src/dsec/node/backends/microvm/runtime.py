@@ -8,6 +8,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,10 +18,12 @@ from dsec.node.agent.client import AgentConnector, ping
 from dsec.node.backends.microvm.console import console_tail
 from dsec.node.backends.microvm.qemu import LaunchSpec, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
+from dsec.node.host import netns
 from dsec.node.host.procfs import pss
 
 __all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch", "read_port",
-           "port_connector", "wait_ready", "guest_status", "qemu_pss"]
+           "netns_path", "port_connector", "connect_sync", "wait_ready", "guest_status",
+           "qemu_pss"]
 
 FAILED_STATES = {"shutdown", "guest-panicked", "internal-error", "io-error"}
 PANIC_MARK = "Kernel panic - not syncing"
@@ -54,12 +57,44 @@ def read_port(d: Path) -> int:
         raise ConnectionRefusedError(f"sandbox {d.name} has no running guest") from exc
 
 
+def netns_path(d: Path) -> Path:
+    """The guest's own network namespace file in its sandbox directory."""
+    return d / "netns"
+
+
+def _agent_socket(d: Path) -> tuple[socket.socket, tuple[str, int]]:
+    """An unconnected socket in the guest's namespace, and the agent's address there."""
+    port = read_port(d)
+    ns = netns_path(d)
+    sock = netns.socket_in(ns) if ns.exists() else socket.socket()
+    return sock, ("127.0.0.1", port)
+
+
 def port_connector(d: Path) -> AgentConnector:
-    """Connects to the guest agent's forwarded port, read at each call (it changes when a
-    guest is restored from disk)."""
+    """Connects to the guest agent's forwarded port (read at each call: it changes when a
+    guest in the host's namespace is restored), from inside the guest's namespace."""
     async def connect():
-        return await asyncio.open_connection("127.0.0.1", read_port(d), limit=1 << 21)
+        sock, addr = _agent_socket(d)
+        try:
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, addr)
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock, limit=1 << 21)
     return connect
+
+
+def connect_sync(d: Path, timeout: float = 10.0) -> socket.socket:
+    """A blocking connection to the guest's agent, for worker threads (files)."""
+    sock, addr = _agent_socket(d)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(addr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def wait_ready(d: Path, timeout_s: float) -> None:

@@ -20,7 +20,8 @@ from dsec.node.agent.client import AgentProcess, SpawnRequest
 from dsec.node.backends.microvm.console import drain_console
 from dsec.node.backends.microvm.qemu import LaunchSpec, kill_qemu, launch
 from dsec.node.backends.microvm.qmp import qmp, qmp_sync
-from dsec.node.backends.microvm.runtime import load_launch, port_connector, save_launch
+from dsec.node.backends.microvm.runtime import (load_launch, netns_path, port_connector,
+                                                 save_launch)
 
 __all__ = ["save", "restore", "saved_path", "clone", "set_identity"]
 
@@ -87,7 +88,8 @@ async def _incoming(spec: LaunchSpec, state: Path, timeout_s: float = 300.0) -> 
 
 
 async def restore(d: Path) -> LaunchSpec:
-    """Start the guest saved in ``d`` again, with a new agent port; removes the state."""
+    """Start the guest saved in ``d`` again (in its own network namespace, which stayed);
+    removes the state."""
     spec = await _incoming(load_launch(d), saved_path(d))
     save_launch(spec)
     saved_path(d).unlink()
@@ -108,7 +110,8 @@ async def clone(template: Path, d: Path, hostname: str, cgroup: str | None = Non
     if proc.returncode != 0:
         raise Internal(f"qemu-img create failed: {out.decode(errors='replace')[-500:]}")
     spec = tpl.model_copy(update={"workdir": d, "scratch": disk, "scratch_format": "qcow2",
-                                  "hostname": hostname, "cgroup": cgroup, "cpu": cpu})
+                                  "hostname": hostname, "cgroup": cgroup, "cpu": cpu,
+                                  "netns": netns_path(d)})
     spec = await _incoming(spec, saved_path(template))
     save_launch(spec)
     await set_identity(d, hostname)

@@ -24,6 +24,7 @@ from dsec.node.backends.microvm.backend import MicroVMBackend
 from dsec.node.backends.microvm.keys import click_events, key_events, text_events
 from dsec.node.backends.microvm.qemu import LaunchSpec, base_kernel_words
 from dsec.node.backends.microvm.qmp import qmp, qmp_many
+from dsec.node.backends.microvm.runtime import netns_path
 from dsec.node.backends.microvm.vmdisk import build_vm_disk
 
 __all__ = ["VMBackend"]
@@ -37,9 +38,6 @@ class VMBackend(MicroVMBackend):
 
     async def launch_spec(self, s: SandboxSpec, d: Path,
                           hostname: str) -> tuple[LaunchSpec, dict]:
-        if s.network != "none":
-            raise Unsupported(f"network permissions are not available on {self.name} "
-                              f"sandboxes yet; use network='none'")
         if self.config.warm_start:
             raise Unsupported("warm_start (template clones) is only available on microvm")
         art = await self.artifacts()
@@ -54,6 +52,7 @@ class VMBackend(MicroVMBackend):
         spec = LaunchSpec(qemu=self.config.qemu, machine="q35", accel=accel,
                           memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), cpu=s.cpu,
                           boot_disk=d / "disk.qcow2", boot_base=base, workdir=d, display=True,
+                          netns=netns_path(d),
                           agent_port=self.config.agent_port, hostname=hostname)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                  "image_user": resolved.config.user or "root",
