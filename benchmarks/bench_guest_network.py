@@ -6,9 +6,7 @@ namespace) the script measures, side by side:
   - granting the permission to a running sandbox (veth, addresses, nftables: one plumbing);
   - fetching from the peer, 20 times in one exec (each fetch starts ``nc``), per fetch,
     beside the same loop run on the host, which reaches the peer directly;
-  - refusing a destination that was not granted (a TCP reset from the sandbox's rules);
-  - opening the node's connection to the agent, per connection: inside the guest's
-    namespace (``setns`` around ``socket()``) beside a plain loopback connect.
+  - refusing a destination that was not granted (a TCP reset from the sandbox's rules).
 Guests use TCG on a machine where nested KVM does not run (named in the output).
 
     .venv/bin/python benchmarks/capture.py guest_network "Egress in guests" -- \\
@@ -36,7 +34,6 @@ from dsec.node.agent.client import AgentProcess, SpawnRequest
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.container import ContainerBackend
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
-from dsec.node.host import netns
 from dsec.node.host.netpolicy import NetworkManager
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,34 +125,6 @@ def host_fetch(rounds: int) -> float:
     return statistics.median(out)
 
 
-def connect_costs(ns: Path, port: int, n: int) -> tuple[float, float]:
-    """Median seconds to open a connection to the agent's port: in the namespace, plain."""
-    listener = netns.socket_in(ns)
-    listener.bind(("127.0.0.1", port))
-    listener.listen(512)
-    plain_l = socket.socket()
-    plain_l.bind(("127.0.0.1", 0))
-    plain_l.listen(512)
-    inside, plain = [], []
-    try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            s = netns.socket_in(ns)
-            s.connect(("127.0.0.1", port))
-            inside.append(time.perf_counter() - t0)
-            s.close()
-            listener.accept()[0].close()
-            t0 = time.perf_counter()
-            s = socket.create_connection(plain_l.getsockname())
-            plain.append(time.perf_counter() - t0)
-            s.close()
-            plain_l.accept()[0].close()
-    finally:
-        listener.close()
-        plain_l.close()
-    return statistics.median(inside), statistics.median(plain)
-
-
 def ms(s: float) -> str:
     return f"{s * 1000:.2f} ms" if s < 0.01 else f"{s * 1000:.1f} ms"
 
@@ -187,18 +156,12 @@ async def main(args: argparse.Namespace) -> None:
                 vm = await measure(vb, vrec, net, args.rounds)
             finally:
                 await vb.stop(vrec)
-        probe = state / "probe-ns"
-        netns.create(probe)
-        try:
-            inside, plain = connect_costs(probe, 7000, args.connects)
-        finally:
-            netns.remove(probe)
         await net.close()
     finally:
         images.unmount_all()
         shutil.rmtree(state, ignore_errors=True)
     print(f"microvm accelerator: {accel.upper()}; medians of {args.rounds} rounds "
-          f"({FETCHES} fetches each) and {args.connects} connects\n")
+          f"({FETCHES} fetches each)\n")
     print("| figure | runc container | microvm guest | host (baseline) |")
     print("|---|---|---|---|")
     print(f"| grant `peer` to a running sandbox (veth + nftables) | {ms(ctr['grant'])} | "
@@ -208,13 +171,9 @@ async def main(args: argparse.Namespace) -> None:
     print(f"| connect to an ungranted port: refused after | {ms(ctr['refused'])} | "
           f"{ms(vm['refused'])} | n/a |")
     print(f"| packets counted as refused | {ctr['dropped']} | {vm['dropped']} | n/a |")
-    print(f"\nNode to agent, opening one connection: {inside * 1e6:.0f} µs into the guest's "
-          f"namespace (setns around socket()) against {plain * 1e6:.0f} µs plain "
-          f"({inside / plain:.2f}x).")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="exec rounds per figure")
-    ap.add_argument("--connects", type=int, default=2000, help="connections to time")
     asyncio.run(main(ap.parse_args()))

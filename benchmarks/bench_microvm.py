@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import tempfile
@@ -24,6 +25,7 @@ from dsec.node.backends.microvm.accel import bare_boot
 
 ROOT = Path(__file__).resolve().parent.parent
 KSM = Path("/sys/kernel/mm/ksm")
+CAT_BYTES = 16 << 20
 
 
 def record(sb_id: str, memory_mb: int) -> SandboxRecord:
@@ -70,6 +72,28 @@ async def bare_boots(backend: MicroVMBackend, n: int, accel: str) -> list[float]
     return out
 
 
+async def cat_seconds(connector, size: int, n: int = 3) -> list[float]:
+    """Seconds to send ``size`` bytes through `cat` in the sandbox and read them back."""
+    data = os.urandom(size)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        proc = await AgentProcess.start(connector, SpawnRequest(argv=["cat"],
+                                                                env={"PATH": "/bin"}))
+        proc.write_stdin(data)
+        proc.close_stdin()
+        got = bytearray()
+        while True:
+            kind, chunk = await proc.next_event()
+            if kind == "exit":
+                break
+            got += chunk
+        if bytes(got) != data:
+            raise RuntimeError("cat returned different bytes")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 async def rtts(connector, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -79,7 +103,8 @@ async def rtts(connector, n: int) -> list[float]:
     return out
 
 
-async def container_rtt(state: Path, images: ImageService, n: int) -> list[float] | str:
+async def container_rtt(state: Path, images: ImageService,
+                        n: int) -> tuple[list[float] | str, list[float] | str]:
     """The same `true` through the same agent in a runc container (unix socket)."""
     try:
         from dsec.node.agent.build import ensure_agent
@@ -89,10 +114,11 @@ async def container_rtt(state: Path, images: ImageService, n: int) -> list[float
                             created_at=time.time(), last_active_at=time.time())
         rec.runtime = await cb.start(rec)
     except Exception as exc:  # the baseline is optional: say why it is missing
-        return f"n/a ({type(exc).__name__}: {exc})"[:120]
+        why = f"n/a ({type(exc).__name__}: {exc})"[:120]
+        return why, why
     try:
         await rtts(cb.connector(rec), 5)
-        return await rtts(cb.connector(rec), n)
+        return await rtts(cb.connector(rec), n), await cat_seconds(cb.connector(rec), CAT_BYTES)
     finally:
         await cb.stop(rec)
 
@@ -192,9 +218,10 @@ async def main(args: argparse.Namespace) -> None:
         try:
             await rtts(backend.connector(rec), 5)
             vm_rtt = await rtts(backend.connector(rec), args.rtt)
+            vm_cat = await cat_seconds(backend.connector(rec), CAT_BYTES)
         finally:
             await backend.stop(rec)
-        ctr_rtt = await container_rtt(state, images, args.rtt)
+        ctr_rtt, ctr_cat = await container_rtt(state, images, args.rtt)
         vm = await vm_boots(state, images, max(1, n // 2), args.memory_mb) if args.vm else None
         print(f"\nmicrovm, accelerator: {accel.upper()}  (medians; n={n} boots, "
               f"{args.rtt} round trips; guest {args.memory_mb} MiB)\n")
@@ -203,8 +230,12 @@ async def main(args: argparse.Namespace) -> None:
         print(f"| boot to first exec, cold | {med(cold)} | bare QEMU boot+poweroff of the same "
               f"kernel+initramfs: {med(bare)} |")
         print(f"| restore from template to first exec | {med(warm)} | cold: {med(cold)} |")
-        print(f"| exec round trip of `true` | {med(vm_rtt)} (TCP via QEMU user net) | "
+        print(f"| exec round trip of `true` | {med(vm_rtt)} (virtio-serial, multiplexed) | "
               f"runc container (unix socket): {med(ctr_rtt)} |")
+        mib = CAT_BYTES >> 20
+        print(f"| {mib} MiB through `cat` (stdin in, stdout back) | {med(vm_cat)} "
+              f"({mib / statistics.median(vm_cat):.0f} MiB/s each way) | runc container: "
+              f"{med(ctr_cat)} |")
         if vm:
             print(f"| vm (q35, own disk and init) boot to first exec | {med(vm)} | microvm cold: "
                   f"{med(cold)} |")

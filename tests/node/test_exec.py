@@ -27,6 +27,17 @@ async def test_cwd_env_and_stdin(sandbox):
     assert r.stdout == "/tmp\nbar\nfrom stdin"
 
 
+async def test_stdin_larger_than_the_pipes_while_output_flows_back(sandbox):
+    # The agent must keep draining stdout while stdin waits for room in the command's pipe:
+    # `cat` blocks on a full stdout as soon as more than the pipes hold is in flight.
+    data = "0123456789abcdef" * (1 << 16)  # 1 MiB
+    r = await sandbox.exec(["sh", "-c", "cat | wc -c; cat /dev/null"], stdin=data.encode(),
+                           timeout=60)
+    assert r.stdout.strip() == str(len(data))
+    r = await sandbox.exec(["cat"], stdin=data.encode(), timeout=60)
+    assert r.exit_code == 0 and r.stdout == data
+
+
 async def test_user_by_name_and_uid(sandbox):
     assert (await sandbox.exec("id -u", user="nobody")).stdout.strip() == "65534"
     assert (await sandbox.exec("id -u; id -g", user="1234:4321")).stdout.split() == ["1234",

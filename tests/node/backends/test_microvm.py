@@ -24,6 +24,7 @@ from dsec.node.agent.client import AgentProcess, SpawnRequest, ping
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
 from dsec.node.backends.microvm.accel import detect_accel
+from dsec.node.backends.microvm import serialmux
 from dsec.node.backends.microvm.guest import ensure_guest
 from dsec.node.backends.microvm.qemu import LaunchSpec, qemu_argv, read_pid
 from dsec.node.execution import run_exec
@@ -253,12 +254,15 @@ async def test_guest_oom_kill_is_counted(guest):
 
 async def test_qemu_command_line_confines_the_guest(tmp_path):
     spec = LaunchSpec(kernel=tmp_path / "k", initrd=tmp_path / "i", layers=[tmp_path / "l0"],
-                      scratch=tmp_path / "rw.img", workdir=tmp_path, host_port=4242)
+                      scratch=tmp_path / "rw.img", workdir=tmp_path)
     argv = " ".join(qemu_argv(spec))
-    assert "restrict=on,hostfwd=tcp:127.0.0.1:4242-:7000" in argv  # loopback only, no egress
+    assert "user,id=n0,restrict=on " in argv + " "  # host namespace: no egress at all
+    assert "hostfwd" not in argv  # the agent is on a virtio-serial port, not the network
+    assert f"socket,id=agent,path={tmp_path / 'agent.sock'},server=on" in argv
+    assert "virtserialport,chardev=agent,name=dsec.agent" in argv
     # In its own namespace, the namespace decides (loopback only until plumbed).
     own = " ".join(qemu_argv(spec.model_copy(update={"netns": tmp_path / "netns"})))
-    assert "restrict=off,hostfwd=tcp:127.0.0.1:4242-:7000" in own
+    assert "user,id=n0,restrict=off " in own + " "
     assert "ringbuf" in argv and "file:" not in argv  # console in bounded memory, no file
     assert f"file={tmp_path / 'l0'},format=raw,readonly=on" in argv
     assert "-sandbox on" in argv and "shutdown=pause" in argv
@@ -320,3 +324,57 @@ async def test_clones_start_from_a_template_with_their_own_identity(state):
         for r in recs:
             await backend.stop(r)
         await backend.drop_templates()
+
+
+# ---- the agent's virtio-serial port, multiplexed (serialmux) ----
+async def test_many_commands_share_the_port_at_once(guest):
+    backend, rec = guest
+    results = await asyncio.gather(*(run(backend, rec, f"sleep 0.5; echo {i}")
+                                     for i in range(20)))
+    assert [r[1] for r in results] == [f"{i}\n".encode() for i in range(20)]
+
+
+async def test_bytes_cross_the_port_intact_both_ways(guest):
+    backend, rec = guest
+    data = os.urandom(3 << 20)
+    code, out, _ = await run(backend, rec, "cat", stdin=data)
+    assert code == 0 and out == data
+
+
+async def test_a_reader_that_stops_stalls_only_its_own_channel(guest):
+    backend, rec = guest
+    flood = await AgentProcess.start(backend.connector(rec), SpawnRequest(
+        argv=["sh", "-c", "yes flood"], env={"PATH": "/bin"}))
+    try:
+        await asyncio.sleep(1.0)  # its window fills and nobody reads it
+        code, out, _ = await asyncio.wait_for(run(backend, rec, "echo other"), 30)
+        assert (code, out) == (0, b"other\n")
+    finally:
+        flood.close()
+    await asyncio.sleep(0.5)
+    _, out, _ = await run(backend, rec, "pgrep -x yes || echo none")
+    assert out == b"none\n"  # closing the channel ended the command in the guest
+
+
+async def test_a_new_node_takes_the_port_over_mid_command(guest):
+    backend, rec = guest
+    d = backend.sandbox_dir(rec.id)
+    busy = asyncio.create_task(run(backend, rec, "sleep 30"))
+    await asyncio.sleep(0.5)
+    serialmux.drop(d / "agent.sock")  # what a node that died leaves: a closed port
+    with pytest.raises(Exception):
+        await asyncio.wait_for(busy, 10)
+    code, out, _ = await run(backend, rec, "echo again")
+    assert (code, out) == (0, b"again\n")
+
+
+async def test_guest_processes_cannot_reach_the_agent(guest):
+    backend, rec = guest
+    # The agent holds its port open (a port has one opener) and listens on no network.
+    code, out, err = await run(backend, rec,
+                               "for p in /sys/class/virtio-ports/*; do "
+                               "[ $(cat $p/name) = dsec.agent ] && dev=/dev/${p##*/}; done; "
+                               "echo $dev; head -c1 $dev; echo rc=$?; netstat -ltn | grep -c LISTEN")
+    lines = out.decode().split()
+    assert lines[0].startswith("/dev/vport") and "rc=1" in lines and lines[-1] == "0", (out, err)
+    assert b"busy" in err.lower()

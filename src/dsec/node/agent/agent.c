@@ -23,7 +23,9 @@
  *
  * Usage:  dsec-agent serve-fd N        accept on an inherited listening socket (containers)
  *         dsec-agent serve-unix PATH   listen on a unix socket
- *         dsec-agent serve-tcp PORT    listen on 0.0.0.0:PORT (guests behind QEMU user net)
+ *         dsec-agent serve-tcp PORT    listen on 0.0.0.0:PORT
+ *         dsec-agent serve-serial DEV  many connections over one virtio-serial port (guests;
+ *                                      see serve_serial below)
  *         dsec-agent pause             sleep forever (placeholder main process)
  */
 #define _GNU_SOURCE
@@ -276,11 +278,18 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     char buf[65536];
     /* A pidfd turns readable the moment the child exits, so no polling tick is needed. */
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    /* stdin the command has not taken yet: while some is pending no frame is read, so the
+     * client is held back, and the command's output keeps flowing meanwhile (a blocking
+     * write here would deadlock with a command blocked writing its full stdout pipe). */
+    char *pend = NULL;
+    uint32_t pend_len = 0, pend_off = 0;
+    if (in_fd >= 0) fcntl(in_fd, F_SETFL, fcntl(in_fd, F_GETFL) | O_NONBLOCK);
     while (!exited || out_fd >= 0 || err_fd >= 0) {
-        struct pollfd pf[4] = {{conn, POLLIN, 0}, {out_fd, POLLIN, 0}, {err_fd, POLLIN, 0},
-                               {exited ? -1 : pidfd, POLLIN, 0}};
+        struct pollfd pf[5] = {{pend ? -1 : conn, POLLIN, 0}, {out_fd, POLLIN, 0},
+                               {err_fd, POLLIN, 0}, {exited ? -1 : pidfd, POLLIN, 0},
+                               {pend ? in_fd : -1, POLLOUT, 0}};
         int timeout = exited ? 0 : (pidfd >= 0) ? 1000 : (out_fd < 0 && err_fd < 0) ? 1 : 200;
-        int n = poll(pf, 4, timeout);
+        int n = poll(pf, 5, timeout);
         if (n < 0 && errno != EINTR) break;
         if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
         if (n <= 0) {
@@ -293,11 +302,20 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
                 ssize_t r = read(*fd, buf, sizeof buf);
                 if (r > 0) {
                     if (send_frame(conn, i == 1 ? 'O' : 'R', buf, (uint32_t)r) < 0) goto gone;
-                } else if (r == 0 || errno != EINTR) {
+                } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
                     if (i == 1 && out_fd == err_fd) err_fd = -1;
                     close(*fd);
                     *fd = -1;
                 }
+            }
+        }
+        if (pend && (pf[4].revents & (POLLOUT | POLLHUP | POLLERR))) {
+            ssize_t w = write(in_fd, pend + pend_off, pend_len - pend_off);
+            if (w > 0) pend_off += (uint32_t)w;
+            if ((w < 0 && errno != EAGAIN && errno != EINTR) || pend_off == pend_len) {
+                if (w < 0) { close(in_fd); in_fd = -1; }
+                free(pend);
+                pend = NULL;
             }
         }
         if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -306,7 +324,16 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
             int type = recv_frame(conn, &payload, &len);
             if (type < 0) goto gone;
             if (type == 'I' && in_fd >= 0) {
-                if (write_all(in_fd, payload, len) < 0) { close(in_fd); in_fd = -1; }
+                ssize_t w = len ? write(in_fd, payload, len) : 0;
+                if (w < 0 && errno != EAGAIN && errno != EINTR) {
+                    close(in_fd);
+                    in_fd = -1;
+                } else if ((uint32_t)(w < 0 ? 0 : w) < len) { /* the rest when it fits */
+                    pend = payload;
+                    pend_len = len;
+                    pend_off = (uint32_t)(w < 0 ? 0 : w);
+                    payload = NULL;
+                }
             } else if (type == 'E' && in_fd >= 0 && in_fd != out_fd) {
                 close(in_fd);
                 in_fd = -1;
@@ -329,6 +356,7 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
             free(payload);
         }
     }
+    free(pend);
     if (!exited) waitpid(pid, &status, 0);
     if (pidfd >= 0) close(pidfd);
     char msg[64];
@@ -445,16 +473,286 @@ static int serve(int lfd) {
     }
 }
 
+
+/* ---- serve-serial: many connections over one virtio-serial port (guests) ----
+ *
+ * A virtio-serial port is one byte stream with no connections, so the node and this loop
+ * multiplex: frames of the same header, u8 kind | u32 chan | u32 len | payload, where
+ *   node -> agent:  'H' hello (payload MUX_MAGIC): drop every channel, answer 'h' (same payload)
+ *                   'o' open channel chan: a forked handle() serves it over a socketpair
+ *   either way:     'd' bytes of a channel, at most the credit the receiver granted
+ *                   'a' credit (u32 BE): the receiver passed that many bytes on
+ *                   'c' the sender will send no more on chan (half close)
+ *                   'r' drop chan now (its reader went away)
+ * Each direction of a channel starts with MUX_WINDOW bytes of credit, so a reader that stops
+ * reading stalls only its own channel. A read of 0 from the port means no node is attached:
+ * every channel is dropped and the loop waits for the next hello, skipping anything that
+ * is not one (a node that died mid-frame leaves a partial frame behind).
+ */
+#define MUX_MAGIC "DSECMUX1"
+#define MUX_WINDOW (256 * 1024)
+#define MUX_CHUNK (64 * 1024)
+#define MUX_MAX 512
+
+struct chan {
+    uint32_t id;
+    int fd;          /* our end of the socketpair, -1 when the slot is free */
+    uint32_t credit; /* bytes we may still send to the node */
+    char *out;       /* bytes from the node not yet written to fd */
+    size_t out_len, out_off;
+    int eof_in;      /* the node sent 'c': shut fd's write side once out is flushed */
+    int eof_out;     /* we sent 'c' */
+};
+
+static struct chan chans[MUX_MAX];
+static int serial_fd;
+
+static int mux_send(char kind, uint32_t id, const void *data, uint32_t len) {
+    unsigned char hdr[9];
+    uint32_t bid = htonl(id), blen = htonl(len);
+    hdr[0] = (unsigned char)kind;
+    memcpy(hdr + 1, &bid, 4);
+    memcpy(hdr + 5, &blen, 4);
+    if (write_all(serial_fd, hdr, 9) < 0) return -1;
+    return len ? write_all(serial_fd, data, len) : 0;
+}
+
+static void chan_free(struct chan *c) {
+    if (c->fd >= 0) close(c->fd);
+    free(c->out);
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+}
+
+static struct chan *chan_find(uint32_t id) {
+    for (int i = 0; i < MUX_MAX; i++)
+        if (chans[i].fd >= 0 && chans[i].id == id) return &chans[i];
+    return NULL;
+}
+
+static void chan_open(uint32_t id) {
+    struct chan *c = NULL;
+    for (int i = 0; i < MUX_MAX && !c; i++)
+        if (chans[i].fd < 0) c = &chans[i];
+    int sv[2];
+    if (!c || chan_find(id) || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        mux_send('r', id, NULL, 0);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(serial_fd);
+        for (int i = 0; i < MUX_MAX; i++)
+            if (chans[i].fd >= 0) close(chans[i].fd);
+        close(sv[0]);
+        signal(SIGCHLD, SIG_DFL);
+        handle(sv[1]);
+        _exit(0);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        mux_send('r', id, NULL, 0);
+        return;
+    }
+    fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    c->id = id;
+    c->fd = sv[0];
+    c->credit = MUX_WINDOW;
+    c->out = malloc(MUX_WINDOW);
+    c->out_len = c->out_off = 0;
+    c->eof_in = c->eof_out = 0;
+    if (!c->out) {
+        chan_free(c);
+        mux_send('r', id, NULL, 0);
+    }
+}
+
+static void chan_maybe_done(struct chan *c) {
+    if (c->eof_in && c->eof_out && c->out_len == c->out_off) chan_free(c);
+}
+
+/* Write what the node sent to the channel's socket; grant the node that much again. */
+static void chan_flush(struct chan *c) {
+    while (c->out_off < c->out_len) {
+        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) return;
+            mux_send('r', c->id, NULL, 0); /* the handler is gone */
+            chan_free(c);
+            return;
+        }
+        c->out_off += (size_t)w;
+        uint32_t n = htonl((uint32_t)w);
+        mux_send('a', c->id, &n, 4);
+    }
+    c->out_len = c->out_off = 0;
+    if (c->eof_in) {
+        shutdown(c->fd, SHUT_WR);
+        chan_maybe_done(c);
+    }
+}
+
+static void mux_reset(void) {
+    for (int i = 0; i < MUX_MAX; i++)
+        if (chans[i].fd >= 0) chan_free(&chans[i]);
+}
+
+static void mux_frame(int kind, uint32_t id, const char *p, uint32_t len) {
+    struct chan *c = kind == 'H' || kind == 'o' ? NULL : chan_find(id);
+    switch (kind) {
+    case 'H':
+        mux_reset();
+        mux_send('h', 0, MUX_MAGIC, 8);
+        break;
+    case 'o':
+        chan_open(id);
+        break;
+    case 'd':
+        if (!c || c->eof_in) break;
+        if (len > MUX_WINDOW - (c->out_len - c->out_off)) { /* more than granted */
+            mux_send('r', id, NULL, 0);
+            chan_free(c);
+            break;
+        }
+        if (c->out_off > 0) { /* keep what is unwritten at the front */
+            memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+            c->out_len -= c->out_off;
+            c->out_off = 0;
+        }
+        memcpy(c->out + c->out_len, p, len);
+        c->out_len += len;
+        chan_flush(c);
+        break;
+    case 'a':
+        if (c && len == 4) {
+            uint32_t n;
+            memcpy(&n, p, 4);
+            c->credit += ntohl(n);
+        }
+        break;
+    case 'c':
+        if (c) {
+            c->eof_in = 1;
+            if (c->out_len == c->out_off) chan_flush(c);
+        }
+        break;
+    case 'r':
+        if (c) chan_free(c);
+        break;
+    }
+}
+
+static int serve_serial(const char *dev) {
+    static char buf[4 * MUX_CHUNK + 64];
+    static char hello[17];
+    size_t have = 0;
+    int hunting = 1; /* until a hello: skip bytes that are not one */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGCHLD, reap);
+    for (int i = 0; i < MUX_MAX; i++) chans[i].fd = -1;
+    hello[0] = 'H';
+    uint32_t z = 0, eight = htonl(8);
+    memcpy(hello + 1, &z, 4);
+    memcpy(hello + 5, &eight, 4);
+    memcpy(hello + 9, MUX_MAGIC, 8);
+    serial_fd = open(dev, O_RDWR | O_CLOEXEC);
+    if (serial_fd < 0) return 1;
+    struct pollfd pf[MUX_MAX + 1];
+    struct chan *pc[MUX_MAX + 1];
+    for (;;) {
+        int n = 0;
+        pf[n].fd = serial_fd;
+        pf[n].events = POLLIN;
+        pc[n++] = NULL;
+        for (int i = 0; i < MUX_MAX; i++) {
+            struct chan *c = &chans[i];
+            if (c->fd < 0) continue;
+            short ev = 0;
+            if (!c->eof_out && c->credit > 0) ev |= POLLIN;
+            if (c->out_off < c->out_len) ev |= POLLOUT;
+            if (!ev) continue;
+            pf[n].fd = c->fd;
+            pf[n].events = ev;
+            pc[n++] = c;
+        }
+        if (poll(pf, (nfds_t)n, -1) < 0) continue; /* EINTR: a child was reaped */
+        for (int k = 1; k < n; k++) {
+            struct chan *c = pc[k];
+            if (c->fd < 0 || !pf[k].revents) continue;
+            if (pf[k].revents & POLLOUT) chan_flush(c);
+            if (c->fd < 0 || !(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (c->eof_out || c->credit == 0) continue;
+            static char chunk[MUX_CHUNK];
+            size_t want = c->credit < MUX_CHUNK ? c->credit : MUX_CHUNK;
+            ssize_t r = read(c->fd, chunk, want);
+            if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (r <= 0) {
+                c->eof_out = 1;
+                mux_send('c', c->id, NULL, 0);
+                chan_maybe_done(c);
+                continue;
+            }
+            c->credit -= (uint32_t)r;
+            mux_send('d', c->id, chunk, (uint32_t)r);
+        }
+        if (!(pf[0].revents & (POLLIN | POLLHUP))) continue;
+        ssize_t r = read(serial_fd, buf + have, sizeof buf - have);
+        if (r < 0) continue;
+        if (r == 0) { /* no node attached: drop everything, wait for a hello */
+            if (!hunting) mux_reset();
+            hunting = 1;
+            have = 0;
+            usleep(20000);
+            continue;
+        }
+        have += (size_t)r;
+        size_t off = 0;
+        for (;;) {
+            if (hunting) {
+                char *h = memmem(buf + off, have - off, hello, sizeof hello);
+                if (!h) {
+                    off = have > sizeof hello ? have - sizeof hello : 0;
+                    break;
+                }
+                off = (size_t)(h - buf);
+                hunting = 0;
+            }
+            if (have - off < 9) break;
+            uint32_t id, len;
+            memcpy(&id, buf + off + 1, 4);
+            memcpy(&len, buf + off + 5, 4);
+            id = ntohl(id);
+            len = ntohl(len);
+            int kind = (unsigned char)buf[off];
+            if (len > MUX_CHUNK || !strchr("Hodacr", kind)) { /* out of step: resync */
+                hunting = 1;
+                off++;
+                continue;
+            }
+            if (have - off < 9 + len) break;
+            mux_frame(kind, id, buf + off + 9, len);
+            off += 9 + len;
+        }
+        memmove(buf, buf + off, have - off);
+        have -= off;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "pause")) {
         for (;;) pause();
     }
     if (argc < 3) {
-        fprintf(stderr, "usage: dsec-agent serve-fd N | serve-unix PATH | serve-tcp PORT | pause\n");
+        fprintf(stderr, "usage: dsec-agent serve-fd N | serve-unix PATH | serve-tcp PORT | "
+                        "serve-serial DEV | pause\n");
         return 2;
     }
     int lfd = -1;
-    if (!strcmp(argv[1], "serve-fd")) {
+    if (!strcmp(argv[1], "serve-serial")) {
+        return serve_serial(argv[2]);
+    } else if (!strcmp(argv[1], "serve-fd")) {
         lfd = atoi(argv[2]);
     } else if (!strcmp(argv[1], "serve-unix")) {
         struct sockaddr_un a = {.sun_family = AF_UNIX};

@@ -4,14 +4,16 @@ Per sandbox, under ``<state>/sandboxes/<id>/``:
   backend      "microvm" (how the node's orphan sweep finds the owner)
   launch.json  the LaunchSpec QEMU was started from (restore rebuilds the same machine)
   netns        the guest's network namespace (bind-mounted; QEMU runs in it)
-  qemu.pid, qmp.sock, port   the running QEMU, its control socket, the agent's port
+  qemu.pid, qmp.sock, agent.sock   the running QEMU, its control socket, the agent's
+               virtio-serial port (multiplexed by serialmux)
   rw.img       the writable disk (sparse ext4, ``disk_mb``; or a qcow2 over a template's)
   console.log  the drained serial console, size-capped
   saved.mig    guest RAM and device state while paused to disk
 The guest boots the Debian kernel with dsec's initramfs, which mounts the image's EROFS
 layers (the layer blob files, shared read-only by every guest) under an overlay on rw.img
-and runs the dsec-agent; the node reaches it by TCP on the namespace's loopback, which QEMU
-user networking forwards to the guest. The guest's outgoing connections become QEMU's own
+and runs the dsec-agent on a virtio-serial port, which the node multiplexes into one
+channel per connection (:mod:`.serialmux`). The guest's network is QEMU user networking:
+its outgoing connections become QEMU's own
 sockets in that namespace, so egress is the namespace's: loopback only until the node's
 network policy adds a veth and nftables rules (:mod:`dsec.node.host.netpolicy`), exactly
 as for a container.
@@ -59,7 +61,6 @@ class MicroVMConfig(BaseModel):
         "auto", description="auto: KVM if a probe guest boots under it, else TCG")
     boot_timeout_s: float = Field(120.0, gt=0,
                                   description="a guest whose agent is silent this long fails")
-    agent_port: int = Field(7000, ge=1, le=65535, description="agent port inside the guest")
     console_log_bytes: int = Field(1 << 20, ge=4096, description="cap of console.log")
     ksm: bool = Field(True, description="turn on the host's KSM so guests share equal pages")
     pause_to_disk: bool = Field(False, description="pause saves the guest to disk, ends QEMU")
@@ -133,7 +134,7 @@ class MicroVMBackend:
             kernel=art.kernel if self.config.uncompressed_kernel else art.bzimage,
             initrd=art.initrd, layers=blobs, scratch=d / "rw.img", workdir=d,
             netns=netns_path(d),
-            agent_port=self.config.agent_port, hostname=hostname,
+            hostname=hostname,
             cmdline=self.config.kernel_args, cpu=s.cpu)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                  "image_user": resolved.config.user or "root",
@@ -302,7 +303,7 @@ def template_key(spec: LaunchSpec, disk_mb: int) -> str:
     """What a clone must share with its template: layers, machine size, kernel, accel."""
     parts = [str(p) for p in spec.layers] + [
         str(spec.memory_mb), str(spec.vcpus), str(disk_mb), spec.accel,
-        str(spec.kernel), str(spec.initrd), str(spec.agent_port)]
+        str(spec.kernel), str(spec.initrd)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -31,7 +31,8 @@ __all__ = ["GuestArtifacts", "ensure_guest", "MODULES"]
 
 # What the guest needs; dependencies from modules.dep are added and ordered before each.
 # crc32c_generic is only a soft dependency (of ext4, jbd2 and libcrc32c), hence listed.
-MODULES = ["virtio_mmio", "virtio_pci", "virtio_blk", "virtio_net", "crc32c_generic",
+MODULES = ["virtio_mmio", "virtio_pci", "virtio_blk", "virtio_net", "virtio_console",
+           "crc32c_generic",
            "ext4", "erofs", "overlay", "virtio_input", "evdev", "virtio_balloon"]
 BUSYBOX = Path("/usr/bin/busybox")
 BUILD_VERSION = "3"

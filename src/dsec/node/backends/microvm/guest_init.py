@@ -3,7 +3,6 @@
 Kernel command line words it reads (all set by the launcher):
   dsec.bare=1        print a marker and power off (the baseline boot of the benchmark)
   dsec.layers=N      N read-only EROFS disks with serials dsec-l0 (bottom) .. dsec-l<N-1>
-  dsec.port=P        the agent's TCP port inside the guest
   dsec.host=NAME     the guest's hostname
   dsec.root=disk     (vm backend) boot the disk with serial dsec-boot, partition 1, with
                      its own /sbin/init instead of composing layers
@@ -35,7 +34,7 @@ if [ "$(arg dsec.root)" = disk ]; then
   mount --move /dev /newroot/dev; mount --move /proc /newroot/proc; mount --move /sys /newroot/sys
   exec switch_root /newroot /sbin/init
 fi
-n=$(arg dsec.layers); n=${n:-0}; port=$(arg dsec.port); port=${port:-7000}
+n=$(arg dsec.layers); n=${n:-0}
 i=0; while [ $i -lt 50 ] && ! disk dsec-rw >/dev/null; do sleep 0.1; i=$((i+1)); done
 rw=$(disk dsec-rw) || fail "no writable disk"
 mkdir -p /rw
@@ -77,6 +76,14 @@ h=$(arg dsec.host); hostname "${h:-dsec}"
 ip link set lo up
 ip addr add 10.0.2.15/24 dev eth0 && ip link set eth0 up || fail "network"
 ip route add default via 10.0.2.2
-echo "dsec-init: agent on port $port"
-exec switch_root /newroot /.dsec/agent serve-tcp $port
+agent_port() {  # the virtio-serial port named dsec.agent (ports appear asynchronously)
+  for p in /newroot/sys/class/virtio-ports/*; do
+    [ "$(cat $p/name 2>/dev/null)" = dsec.agent ] && { echo /dev/${p##*/}; return 0; }
+  done
+  return 1
+}
+i=0; while [ $i -lt 50 ] && ! agent_port >/dev/null; do sleep 0.1; i=$((i+1)); done
+port=$(agent_port) || fail "no agent port (virtio-serial dsec.agent)"
+echo "dsec-init: agent on $port"
+exec switch_root /newroot /.dsec/agent serve-serial $port
 """

@@ -2,8 +2,8 @@
 
 The guest has no device the host did not list: its image layers as read-only virtio-blk
 disks (the layer blob files themselves, shared by every guest), one writable disk, one
-virtio-net on QEMU user networking plus a loopback-only port forward to the agent, and its
-serial console in an in-QEMU ring buffer
+virtio-net on QEMU user networking, one virtio-serial port for the agent (a unix socket on
+the host, multiplexed by :mod:`.serialmux`), and its serial console in an in-QEMU ring buffer
 (bounded memory; the node drains it into a size-capped file). A guest power-off or reboot
 (the init script's failure path, a kernel panic with ``panic=-1``) pauses QEMU instead of
 ending it, so the node can still read the console and report why.
@@ -20,7 +20,6 @@ import functools
 import os
 import re
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -28,13 +27,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Capacity, Internal
+from dsec.node.backends.microvm import serialmux
 from dsec.node.host.netns import nsenter_argv
 
 __all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
-           "free_port", "pid_alive", "kill_qemu", "read_pid"]
+           "pid_alive", "kill_qemu", "read_pid"]
 
 GUEST_NET = "10.0.2.15"
 CONSOLE_CHARDEV = "console"
+AGENT_CHARDEV = "agent"
+AGENT_PORT_NAME = "dsec.agent"  # the guest finds its port by this name in sysfs
 
 
 class LaunchSpec(BaseModel):
@@ -59,8 +61,6 @@ class LaunchSpec(BaseModel):
     boot_base: Path | None = Field(None, description="q35: the shared read-only disk that "
                                                      "boot_disk is a copy-on-write layer over")
     workdir: Path = Field(description="per-guest directory: sockets, pid file")
-    host_port: int = Field(0, description="loopback port forwarded to the agent")
-    agent_port: int = Field(7000, description="the agent's port inside the guest")
     hostname: str = Field("dsec", description="guest hostname")
     netns: Path | None = Field(None, description="the guest's own network namespace (a "
                                                  "file, see host.netns): QEMU runs in it, "
@@ -78,6 +78,11 @@ class LaunchSpec(BaseModel):
     @property
     def qmp_socket(self) -> Path:
         return self.workdir / "qmp.sock"
+
+    @property
+    def agent_socket(self) -> Path:
+        """The host end of the guest's agent port (see :mod:`.serialmux`)."""
+        return self.workdir / "agent.sock"
 
     @property
     def pidfile(self) -> Path:
@@ -140,7 +145,7 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     argv += ["-vga", "std", "-display", "none"] if spec.display else ["-display", "none"]
     if spec.kernel is not None:
         words = [*base_kernel_words(spec.accel), f"dsec.layers={len(spec.layers)}",
-                 f"dsec.port={spec.agent_port}", f"dsec.host={spec.hostname}", spec.cmdline]
+                 f"dsec.host={spec.hostname}", spec.cmdline]
         argv += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd),
                  "-append", " ".join(w for w in words if w)]
     for i, layer in enumerate(spec.layers):
@@ -159,9 +164,13 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     restrict = "off" if spec.netns is not None else "on"
     # q35: no option ROM on the NIC (iPXE), the guest never boots from the network.
     net_dev = "virtio-net-device" if spec.machine == "microvm" else "virtio-net-pci,romfile="
-    argv += ["-netdev", f"user,id=n0,restrict={restrict},"
-                        f"hostfwd=tcp:127.0.0.1:{spec.host_port}-:{spec.agent_port}",
-             "-device", f"{net_dev},netdev=n0"]
+    argv += ["-netdev", f"user,id=n0,restrict={restrict}", "-device", f"{net_dev},netdev=n0"]
+    # The agent's channel: a virtio-serial port, a unix socket on the host (serialmux).
+    serial = "virtio-serial-device" if spec.machine == "microvm" else "virtio-serial-pci"
+    argv += ["-chardev", f"socket,id={AGENT_CHARDEV},path={spec.agent_socket},server=on,"
+                         f"wait=off",
+             "-device", f"{serial},max_ports=2",
+             "-device", f"virtserialport,chardev={AGENT_CHARDEV},name={AGENT_PORT_NAME}"]
     if spec.display:
         # The keyboard is q35's PS/2 one (built into the guest kernel); the tablet gives
         # absolute pointer positions, which clicks at pixel coordinates need.
@@ -171,38 +180,21 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     return argv
 
 
-def free_port() -> int:
-    """A loopback TCP port free right now (QEMU binds it a moment later; see launch)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def launch(spec: LaunchSpec, attempts: int = 5) -> LaunchSpec:
-    """Start QEMU daemonized; returns the spec with the port it got. Retries a port race.
-
-    In its own network namespace the agent's port is forwarded from the namespace's own
-    loopback, where no one else binds: the port is fixed and there is no race."""
+async def launch(spec: LaunchSpec) -> LaunchSpec:
+    """Start QEMU daemonized (inside the guest's network namespace when it has one)."""
     spec.workdir.mkdir(parents=True, exist_ok=True)
     prefix = nsenter_argv(spec.netns) if spec.netns is not None else []
-    last = ""
-    for _ in range(attempts):
-        port = spec.agent_port if spec.netns is not None else free_port()
-        spec = spec.model_copy(update={"host_port": port})
-        pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
-        # A blocking run in a thread, not asyncio's subprocess: uvloop's process transport
-        # waits for every descendant of the child to exit, and QEMU's daemon never does.
-        proc = await asyncio.to_thread(
-            subprocess.run, prefix + qemu_argv(spec), stdin=subprocess.DEVNULL,
-            capture_output=True, start_new_session=True, pass_fds=pass_fds)
-        out, err = proc.stdout, proc.stderr
-        if proc.returncode == 0:
-            if spec.cgroup is not None:
-                await _confine(spec)
-            return spec
-        last = (err or out).decode(errors="replace").strip()
-        if "host forwarding" not in last:
-            break
+    pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
+    # A blocking run in a thread, not asyncio's subprocess: uvloop's process transport
+    # waits for every descendant of the child to exit, and QEMU's daemon never does.
+    proc = await asyncio.to_thread(
+        subprocess.run, prefix + qemu_argv(spec), stdin=subprocess.DEVNULL,
+        capture_output=True, start_new_session=True, pass_fds=pass_fds)
+    if proc.returncode == 0:
+        if spec.cgroup is not None:
+            await _confine(spec)
+        return spec
+    last = (proc.stderr or proc.stdout).decode(errors="replace").strip()
     if "Cannot allocate memory" in last:
         raise Capacity(f"QEMU could not allocate {spec.memory_mb} MiB: {last[-500:]}")
     raise Internal(f"QEMU failed to start: {last[-1500:]}")
@@ -260,6 +252,7 @@ async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
     QEMU that died before writing it or whose file was lost."""
     pid = read_pid(workdir)
     pids = [pid] if pid is not None else _pids_naming(workdir / "qemu.pid")
+    serialmux.drop(workdir / "agent.sock")  # before a new QEMU can take the socket's name
     for pid in pids:
         await _kill(pid, grace_s)
 

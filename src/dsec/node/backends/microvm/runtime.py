@@ -15,13 +15,13 @@ from pathlib import Path
 
 from dsec.api.errors import Internal, SandboxTimeout
 from dsec.node.agent.client import AgentConnector, ping
+from dsec.node.backends.microvm import serialmux
 from dsec.node.backends.microvm.console import console_tail
 from dsec.node.backends.microvm.qemu import LaunchSpec, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
-from dsec.node.host import netns
 from dsec.node.host.procfs import pss
 
-__all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch", "read_port",
+__all__ = ["FAILED_STATES", "make_scratch", "save_launch", "load_launch",
            "netns_path", "port_connector", "connect_sync", "wait_ready", "guest_status",
            "qemu_pss"]
 
@@ -44,17 +44,8 @@ def make_scratch(path: Path, disk_mb: int) -> None:
 
 
 def save_launch(spec: LaunchSpec) -> None:
-    """Record how the guest's QEMU was started and the agent's host port."""
-    (spec.workdir / "port").write_text(str(spec.host_port))
+    """Record how the guest's QEMU was started (a restore starts the same machine)."""
     (spec.workdir / "launch.json").write_text(spec.model_dump_json())
-
-
-def read_port(d: Path) -> int:
-    """The loopback port forwarded to the guest's agent; refused when none runs."""
-    try:
-        return int((d / "port").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConnectionRefusedError(f"sandbox {d.name} has no running guest") from exc
 
 
 def netns_path(d: Path) -> Path:
@@ -62,39 +53,20 @@ def netns_path(d: Path) -> Path:
     return d / "netns"
 
 
-def _agent_socket(d: Path) -> tuple[socket.socket, tuple[str, int]]:
-    """An unconnected socket in the guest's namespace, and the agent's address there."""
-    port = read_port(d)
-    ns = netns_path(d)
-    sock = netns.socket_in(ns) if ns.exists() else socket.socket()
-    return sock, ("127.0.0.1", port)
-
-
 def port_connector(d: Path) -> AgentConnector:
-    """Connects to the guest agent's forwarded port (read at each call: it changes when a
-    guest in the host's namespace is restored), from inside the guest's namespace."""
+    """Connects to the guest's agent over its virtio-serial port (a new channel each)."""
     async def connect():
-        sock, addr = _agent_socket(d)
-        try:
-            sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, addr)
-        except BaseException:
-            sock.close()
-            raise
-        return await asyncio.open_connection(sock=sock, limit=1 << 21)
+        if read_pid(d) is None:
+            raise ConnectionRefusedError(f"sandbox {d.name} has no running guest")
+        return await serialmux.connect(d / "agent.sock", limit=1 << 21)
     return connect
 
 
 def connect_sync(d: Path, timeout: float = 10.0) -> socket.socket:
     """A blocking connection to the guest's agent, for worker threads (files)."""
-    sock, addr = _agent_socket(d)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(addr)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    if read_pid(d) is None:
+        raise ConnectionRefusedError(f"sandbox {d.name} has no running guest")
+    return serialmux.connect_sync(d / "agent.sock", timeout)
 
 
 async def wait_ready(d: Path, timeout_s: float) -> None:

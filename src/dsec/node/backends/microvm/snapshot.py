@@ -62,7 +62,6 @@ async def save(d: Path) -> Path:
     await asyncio.to_thread(drain_console, d)
     await kill_qemu(d)
     os.replace(tmp, saved_path(d))
-    (d / "port").unlink(missing_ok=True)
     return saved_path(d)
 
 

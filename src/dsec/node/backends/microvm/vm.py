@@ -47,13 +47,13 @@ class VMBackend(MicroVMBackend):
         args = " ".join([*base_kernel_words(accel), self.config.kernel_args])
         base = await asyncio.to_thread(
             build_vm_disk, self.state_dir / "vm" / "disks", resolved.lowerdirs,
-            list(resolved.layer_digests), art, agent, args, self.config.agent_port,
+            list(resolved.layer_digests), art, agent, args,
             max(1024, s.disk_mb))
         spec = LaunchSpec(qemu=self.config.qemu, machine="q35", accel=accel,
                           memory_mb=s.memory_mb, vcpus=max(1, math.ceil(s.cpu)), cpu=s.cpu,
                           boot_disk=d / "disk.qcow2", boot_base=base, workdir=d, display=True,
                           netns=netns_path(d),
-                          agent_port=self.config.agent_port, hostname=hostname)
+                          hostname=hostname)
         facts = {"image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                  "image_user": resolved.config.user or "root",
                  "layer_digests": list(resolved.layer_digests)}

@@ -24,14 +24,21 @@ __all__ = ["build_vm_disk", "MBR_CANDIDATES"]
 MBR_CANDIDATES = [Path("/usr/lib/syslinux/mbr/mbr.bin"), Path("/usr/lib/SYSLINUX/mbr.bin")]
 PART_OFFSET = 1 << 20
 
-NET_UP = """#!/.dsec/busybox sh
-# dsec: bring up the agent's network (QEMU user networking) and run the agent.
+AGENT_UP = """#!/.dsec/busybox sh
+# dsec: bring up the network (QEMU user networking) and serve the agent on its port.
 B=/.dsec/busybox
 $B ip link set lo up
 $B ip addr add 10.0.2.15/24 dev eth0 2>/dev/null
 $B ip link set eth0 up
 $B ip route add default via 10.0.2.2 2>/dev/null
-exec /.dsec/agent serve-tcp {port}
+$B mountpoint -q /sys || $B mount -t sysfs sysfs /sys
+for i in $($B seq 50); do
+  for p in /sys/class/virtio-ports/*; do
+    [ "$($B cat $p/name 2>/dev/null)" = dsec.agent ] && exec /.dsec/agent serve-serial /dev/${p##*/}
+  done
+  $B sleep 0.1
+done
+echo "dsec: no agent port" >&2; exit 1
 """
 
 INITTAB = """::sysinit:/.dsec/busybox mount -t proc proc /proc
@@ -77,8 +84,7 @@ def _flatten(lowerdirs: list[Path], dest: Path, work: Path) -> None:
         _run("umount", str(mnt))
 
 
-def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str,
-           agent_port: int) -> None:
+def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str) -> None:
     for d in ["boot/extlinux", ".dsec", "etc/systemd/system/multi-user.target.wants",
               "proc", "sys", "dev", "tmp", "sbin"]:
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -86,7 +92,7 @@ def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str,
     shutil.copyfile(art.initrd, root / "boot/initrd.img")
     shutil.copyfile(agent, root / ".dsec/agent")
     shutil.copyfile(BUSYBOX, root / ".dsec/busybox")
-    (root / ".dsec/agent-up").write_text(NET_UP.format(port=agent_port))
+    (root / ".dsec/agent-up").write_text(AGENT_UP)
     for f in ("agent", "busybox", "agent-up"):
         os.chmod(root / ".dsec" / f, 0o755)
     if not os.path.lexists(root / "sbin/init"):
@@ -103,14 +109,14 @@ def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str,
 
 
 def build_vm_disk(out_dir: Path, lowerdirs: list[Path], key_parts: list[str],
-                  art: GuestArtifacts, agent: Path, kernel_args: str, agent_port: int = 7000,
+                  art: GuestArtifacts, agent: Path, kernel_args: str,
                   size_mb: int = 1024) -> Path:
     """The bootable qcow2 for an image (its layer mounts, top first); built once per key."""
     mbr = next((p for p in MBR_CANDIDATES if p.exists()), None)
     if mbr is None or shutil.which("extlinux") is None:
         raise Internal("the vm backend needs extlinux: apt-get install extlinux syslinux-common")
     key = hashlib.sha256("|".join([*key_parts, str(art.initrd), kernel_args, str(size_mb),
-                                   str(agent_port)]).encode()).hexdigest()[:16]
+                                   AGENT_UP]).encode()).hexdigest()[:16]
     disk = Path(out_dir) / f"{key}.qcow2"
     if disk.exists():
         return disk
@@ -120,7 +126,7 @@ def build_vm_disk(out_dir: Path, lowerdirs: list[Path], key_parts: list[str],
         root = work / "root"
         root.mkdir()
         _flatten(lowerdirs, root, work)
-        _stage(root, art, agent, kernel_args, agent_port)
+        _stage(root, art, agent, kernel_args)
         part = work / "part.img"
         with open(part, "wb") as f:
             f.truncate((size_mb << 20) - PART_OFFSET)
