@@ -10,7 +10,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ORDER = ["exec", "create", "density", "images_lazy", "images_memory", "images_cache",
-         "images_build", "fncall", "trajectory", "jobs", "microvm"]
+         "images_build", "fncall", "trajectory", "jobs", "microvm", "guest_network"]
 
 
 def main() -> None:

@@ -116,6 +116,16 @@ async def measure(backend, rec: SandboxRecord, net: NetworkManager, rounds: int)
             "refused": statistics.median(refused), "dropped": dropped}
 
 
+async def in_sandbox(backend, net: NetworkManager, rounds: int) -> dict:
+    """:func:`measure` in a new sandbox of ``backend``, stopped afterwards."""
+    rec = record(f"sb-bench-gnet-{backend.name}", backend.name)
+    rec.runtime = await backend.start(rec)
+    try:
+        return await measure(backend, rec, net, rounds)
+    finally:
+        await backend.stop(rec)
+
+
 def host_fetch(rounds: int) -> float:
     out = []
     for _ in range(rounds):
@@ -140,22 +150,12 @@ async def main(args: argparse.Namespace) -> None:
         images.ensure_busybox()
         with Peer():
             host = host_fetch(args.rounds)
-            cb = ContainerBackend(state, images, ensure_agent(state / "bin"))
-            crec = record("sb-bench-gnet-c", "container")
-            crec.runtime = await cb.start(crec)
-            try:
-                ctr = await measure(cb, crec, net, args.rounds)
-            finally:
-                await cb.stop(crec)
+            ctr = await in_sandbox(ContainerBackend(state, images, ensure_agent(state / "bin")),
+                                   net, args.rounds)
             vb = MicroVMBackend(state, images, config=MicroVMConfig(
                 guest_dir=ROOT / "build" / "guest"))
             accel = await vb.accel()
-            vrec = record("sb-bench-gnet-v", "microvm")
-            vrec.runtime = await vb.start(vrec)
-            try:
-                vm = await measure(vb, vrec, net, args.rounds)
-            finally:
-                await vb.stop(vrec)
+            vm = await in_sandbox(vb, net, args.rounds)
         await net.close()
     finally:
         images.unmount_all()

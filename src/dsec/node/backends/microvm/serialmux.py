@@ -24,9 +24,10 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+from dsec.node.agent.client import HEADER  # the same frame header as the agent protocol
+
 __all__ = ["connect", "connect_sync", "drop", "MAGIC"]
 
-HEADER = struct.Struct(">BII")
 MAGIC = b"DSECMUX1"
 WINDOW = 256 * 1024
 CHUNK = 64 * 1024
