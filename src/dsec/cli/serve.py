@@ -26,9 +26,18 @@ def serve(
         metavar="ADDRESS", help="be a gateway over a Ray cluster's nodes ('auto' ok)")] = None,
     images_remote: Annotated[str | None, typer.Option(
         metavar="URL", help="load layers on demand from this layer store")] = None,
+    guest_accel: Annotated[str, typer.Option(
+        help="microvm/vm accelerator: auto (KVM if a probe guest boots), kvm or tcg")] = "auto",
+    guest_warm_start: Annotated[bool, typer.Option(
+        help="start microvm sandboxes as clones of a booted template")] = False,
+    guest_pause_to_disk: Annotated[bool, typer.Option(
+        help="pausing a guest saves it to disk and ends its QEMU")] = False,
 ) -> None:
     """Run the dsec server on this machine until interrupted."""
+    from dsec.gateway.server import guest_options
     from dsec.gateway.server import serve as run_server  # the server stack loads only here
+    if guest_accel not in ("auto", "kvm", "tcg"):
+        raise typer.BadParameter("takes auto, kvm or tcg", param_hint="--guest-accel")
 
     if state_dir is not None:
         err.print(f"dsec: clients find this server through DSEC_STATE_DIR={state_dir.resolve()}"
@@ -36,7 +45,8 @@ def serve(
     err.print("dsec: once it serves, try `dsec demo` from another terminal")
     try:
         run_server(state_dir, host=host, port=port, backends=backend,
-                   warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote)
+                   warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote,
+                   guests=guest_options(guest_accel, guest_warm_start, guest_pause_to_disk))
     except KeyboardInterrupt:
         pass
 

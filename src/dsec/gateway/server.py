@@ -54,7 +54,8 @@ async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None)
 
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
-          ray_address: str | None = None, images_remote: str | None = None) -> None:
+          ray_address: str | None = None, images_remote: str | None = None,
+          guests: dict | None = None) -> None:
     """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster)."""
     if ray_address is not None:
         sd = state_dir or NodeConfig().state_dir
@@ -70,6 +71,9 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         kwargs["state_dir"] = state_dir
     if backends:
         kwargs["backends"] = backends
+    if guests:
+        from dsec.node.backends.microvm.config import MicroVMConfig
+        kwargs["guests"] = MicroVMConfig(**guests)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         import uvloop
@@ -93,6 +97,12 @@ def main(argv: list[str] | None = None) -> None:
                         "(token in DSEC_IMAGES_TOKEN)")
     p.add_argument("--warm-pool", action="append", default=[], metavar="IMAGE=N",
                    help="keep N started sandboxes of IMAGE ready for create()")
+    p.add_argument("--guest-accel", choices=["auto", "kvm", "tcg"], default="auto",
+                   help="microvm/vm accelerator (auto: KVM if a probe guest boots)")
+    p.add_argument("--guest-warm-start", action="store_true",
+                   help="start microvm sandboxes as clones of a booted template")
+    p.add_argument("--guest-pause-to-disk", action="store_true",
+                   help="pausing a guest saves it to disk and ends its QEMU (frees its memory)")
     a = p.parse_args(argv)
     pool = {}
     for item in a.warm_pool:
@@ -100,7 +110,18 @@ def main(argv: list[str] | None = None) -> None:
         if not image or not n.isdigit():
             p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
         pool[image] = int(n)
-    serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote)
+    serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote,
+          guest_options(a.guest_accel, a.guest_warm_start, a.guest_pause_to_disk))
+
+
+def guest_options(accel: str, warm_start: bool, pause_to_disk: bool) -> dict:
+    """The microvm/vm settings the command line changed (the rest keep their defaults)."""
+    out: dict = {"accel": accel} if accel != "auto" else {}
+    if warm_start:
+        out["warm_start"] = True
+    if pause_to_disk:
+        out["pause_to_disk"] = True
+    return out
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.images.sources import RemoteConfig
+from dsec.node.backends.microvm.config import MicroVMConfig
 from dsec.placement.admission import AdmissionPolicy
 
 __all__ = ["NodeConfig", "default_state_dir"]
@@ -36,3 +37,5 @@ class NodeConfig(BaseModel):
         None, description="a remote layer store (e.g. another dsec server's /v1/blobs) that "
                           "this node loads layers from on demand")
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
+                                  description="settings of the microvm and vm backends")

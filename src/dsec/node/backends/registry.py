@@ -25,10 +25,11 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
             out[name] = FncallBackend(config.state_dir, images, agent)
         elif name == "microvm":  # guest kernel and initramfs are built on first use
             from dsec.node.backends.microvm import MicroVMBackend
-            out[name] = MicroVMBackend(config.state_dir, images, agent)
+            out[name] = MicroVMBackend(config.state_dir, images, agent, config.guests)
         elif name == "vm":
             from dsec.node.backends.microvm import VMBackend
-            out[name] = VMBackend(config.state_dir, images, agent)
+            out[name] = VMBackend(config.state_dir, images, agent,
+                                  config.guests.model_copy(update={"warm_start": False}))
         else:
             raise InvalidArgument(f"unknown backend {name!r}; known: container, fncall, "
                                   "microvm, vm")

@@ -2,7 +2,8 @@
 
 ``MicroVMBackend`` boots dsec's initramfs and the Debian kernel on QEMU's ``microvm``
 machine over the image's EROFS layers; ``VMBackend`` boots a whole disk image on ``q35``.
-Both run the same dsec-agent as containers, reached over loopback TCP.
+Both run the same dsec-agent as containers, reached over a multiplexed virtio-serial
+port.
 
 Names are imported on first use, so ``python -m dsec.node.backends.microvm.guest`` (the
 artefact build) does not load the backends first.
@@ -14,7 +15,7 @@ import importlib
 
 __all__ = ["MicroVMBackend", "MicroVMConfig", "VMBackend"]
 
-_WHERE = {"MicroVMBackend": "backend", "MicroVMConfig": "backend", "VMBackend": "vm"}
+_WHERE = {"MicroVMBackend": "backend", "MicroVMConfig": "config", "VMBackend": "vm"}
 
 
 def __getattr__(name: str):
