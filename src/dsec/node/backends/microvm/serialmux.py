@@ -41,6 +41,7 @@ class _Channel:
         self.has_credit = asyncio.Event()
         self.has_credit.set()
         self.inbound: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: guest closed
+        self.queued = 0               # bytes received and not yet passed to the caller
         self.tasks: list[asyncio.Task] = []
         self.sent_eof = self.got_eof = False
 
@@ -83,7 +84,18 @@ class _Channel:
                 self.mux.send(b"r", self.id)
                 self.close()
                 return
+            self.queued -= len(data)
             self.mux.send(b"a", self.id, struct.pack(">I", len(data)))
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the guest; more than the credit it was given drops the channel (a
+        guest must not make the node hold what it never asked for)."""
+        self.queued += len(data)
+        if self.queued > WINDOW:
+            self.mux.send(b"r", self.id)
+            self.close()
+            return
+        self.inbound.put_nowait(data)
 
     def grant(self, n: int) -> None:
         self.credit += n
@@ -186,7 +198,7 @@ class _Mux:
         if ch is None:
             return
         if kind == ord("d"):
-            ch.inbound.put_nowait(payload)  # bounded by the credit the guest was given
+            ch.receive(payload)
         elif kind == ord("a") and len(payload) == 4:
             ch.grant(struct.unpack(">I", payload)[0])
         elif kind == ord("c"):
