@@ -173,14 +173,17 @@ async def idle_memory(backend: MicroVMBackend, n: int, mem: int, settle_s: float
     return out
 
 
-async def vm_boots(state: Path, images: ImageService, n: int, mem: int) -> list[float]:
-    """vm backend: q35 + SeaBIOS + extlinux + the disk's own init, to the first `true`."""
+async def vm_boots(state: Path, images: ImageService, n: int, mem: int,
+                   warm: bool = False) -> list[float]:
+    """vm backend: q35 + SeaBIOS + extlinux + the disk's own init, to the first `true`
+    (``warm``: restored from a saved template instead)."""
     from dsec.node.backends.microvm import VMBackend
     vm = VMBackend(state, images, config=MicroVMConfig(guest_dir=ROOT / "build" / "guest",
-                                                       ksm=False, boot_timeout_s=300))
+                                                       ksm=False, boot_timeout_s=300,
+                                                       warm_start=warm))
     out = []
-    for i in range(n + 1):  # the first builds the image's disk: not counted
-        rec = record(f"sb-bench-vm{i}", mem)
+    for i in range(n + 1):  # the first builds the image's disk (and template): not counted
+        rec = record(f"sb-bench-vm{'w' if warm else 'c'}{i}", mem)
         rec.spec = rec.spec.model_copy(update={"backend": "vm"})
         t0 = time.perf_counter()
         try:
@@ -190,6 +193,8 @@ async def vm_boots(state: Path, images: ImageService, n: int, mem: int) -> list[
                 out.append(time.perf_counter() - t0)
         finally:
             await vm.stop(rec)
+    if warm:
+        await vm.drop_templates()
     return out
 
 
@@ -223,6 +228,8 @@ async def main(args: argparse.Namespace) -> None:
             await backend.stop(rec)
         ctr_rtt, ctr_cat = await container_rtt(state, images, args.rtt)
         vm = await vm_boots(state, images, max(1, n // 2), args.memory_mb) if args.vm else None
+        vm_warm = await vm_boots(state, images, max(1, n // 2), args.memory_mb, warm=True) \
+            if args.vm else None
         print(f"\nmicrovm, accelerator: {accel.upper()}  (medians; n={n} boots, "
               f"{args.rtt} round trips; guest {args.memory_mb} MiB)\n")
         print("| figure | dsec microvm | baseline |")
@@ -239,6 +246,8 @@ async def main(args: argparse.Namespace) -> None:
         if vm:
             print(f"| vm (q35, own disk and init) boot to first exec | {med(vm)} | microvm cold: "
                   f"{med(cold)} |")
+            print(f"| vm restore from template to first exec | {med(vm_warm)} | vm boot: "
+                  f"{med(vm)} |")
         if args.guests:
             m = await idle_memory(backend, args.guests, args.memory_mb, args.settle,
                                   clones=not args.cold_memory)

@@ -126,6 +126,29 @@ async def test_vm_pause_to_disk_and_restore(vm):
     assert await run(backend, rec, "cat /root-file") == (0, b"still\n")
 
 
+async def test_vm_clones_start_from_a_saved_template_with_their_own_identity(state):
+    root, images = state
+    backend = VMBackend(root, images, config=MicroVMConfig(guest_dir=GUEST_DIR,
+                                                           boot_timeout_s=240, warm_start=True))
+    recs = [record(f"sb-vmclone{i}") for i in range(2)]
+    try:
+        for r in recs:
+            r.runtime = await backend.start(r)
+        await run(backend, recs[0], "echo mine > /only-here")
+        assert await run(backend, recs[0], "hostname; cat /only-here") == \
+            (0, b"sb-vmclone0\nmine\n")
+        code, out = await run(backend, recs[1], "hostname; cat /only-here")
+        assert out.startswith(b"sb-vmclone1\n") and code != 0
+        assert (await backend.screenshot(recs[1])).startswith(b"\x89PNG")
+        # Each clone's disk is its own copy-on-write layer over the template's frozen one.
+        disks = [backend.sandbox_dir(r.id) / "disk.qcow2" for r in recs]
+        assert all(d.exists() for d in disks)
+    finally:
+        for r in recs:
+            await backend.stop(r)
+        await backend.drop_templates()
+
+
 async def test_text_becomes_key_presses_with_shift_where_needed():
     events = text_events("a!")
     assert [e["data"]["key"]["data"] for e in events[0]] == ["a", "a"]

@@ -28,8 +28,7 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
             out[name] = MicroVMBackend(config.state_dir, images, agent, config.guests)
         elif name == "vm":
             from dsec.node.backends.microvm import VMBackend
-            out[name] = VMBackend(config.state_dir, images, agent,
-                                  config.guests.model_copy(update={"warm_start": False}))
+            out[name] = VMBackend(config.state_dir, images, agent, config.guests)
         else:
             raise InvalidArgument(f"unknown backend {name!r}; known: container, fncall, "
                                   "microvm, vm")

@@ -168,12 +168,15 @@ class MicroVMBackend:
             tdir.mkdir(parents=True)
             try:
                 # The template's paths are its final ones: clones' qcow2 files name its disk.
-                spec = probe.model_copy(update={"workdir": tdir, "scratch": tdir / "rw.img",
-                                                "netns": netns_path(tdir)})
+                disks = {f: tdir / getattr(probe, f).name for f in ("scratch", "boot_disk")
+                         if getattr(probe, f) is not None}  # microvm: scratch; vm: boot disk
+                spec = probe.model_copy(update={"workdir": tdir, "netns": netns_path(tdir),
+                                                **disks})
                 await asyncio.to_thread(netns.create, netns_path(tdir))
                 await self._boot(spec, s.disk_mb)
                 await snapshot.save(tdir)
-                (tdir / "rw.img").chmod(0o444)
+                for disk in disks.values():
+                    disk.chmod(0o444)
             except BaseException:
                 await kill_qemu(tdir)
                 await asyncio.to_thread(netns.remove, netns_path(tdir))
@@ -275,10 +278,11 @@ class MicroVMBackend:
 
 
 def template_key(spec: LaunchSpec, disk_mb: int) -> str:
-    """What a clone must share with its template: layers, machine size, kernel, accel."""
+    """What a clone must share with its template: layers or base disk, machine and size,
+    kernel, accel."""
     parts = [str(p) for p in spec.layers] + [
-        str(spec.memory_mb), str(spec.vcpus), str(disk_mb), spec.accel,
-        str(spec.kernel), str(spec.initrd)]
+        spec.machine, str(spec.boot_base), str(spec.memory_mb), str(spec.vcpus), str(disk_mb),
+        spec.accel, str(spec.kernel), str(spec.initrd)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

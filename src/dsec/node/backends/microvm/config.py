@@ -24,8 +24,7 @@ class MicroVMConfig(BaseModel):
     ksm: bool = Field(True, description="turn on the host's KSM so guests share equal pages")
     pause_to_disk: bool = Field(False, description="pause saves the guest to disk, ends QEMU")
     warm_start: bool = Field(False, description="start sandboxes as clones of a saved, booted "
-                                                "template per image and size (booted once); microvm "
-                                                "only, vm sandboxes always boot")
+                                                "template per image and size (booted once)")
     guest_dir: Path | None = Field(None, description="guest kernel/initramfs cache (and the "
                                                      "KVM probe's answer); default "
                                                      "<state>/microvm/guest")

@@ -98,19 +98,26 @@ async def restore(d: Path) -> LaunchSpec:
 
 async def clone(template: Path, d: Path, hostname: str, cgroup: str | None = None,
                 cpu: float = 1.0, qemu_img: str = "qemu-img") -> LaunchSpec:
-    """Start a guest in ``d`` from the template saved in ``template`` (warm start)."""
+    """Start a guest in ``d`` from the template saved in ``template`` (warm start).
+
+    Its writable disk (a microvm's scratch disk, a vm's boot disk) becomes a copy-on-write
+    qcow2 over the template's, which stays frozen."""
     tpl = load_launch(template)
-    disk = d / "rw.qcow2"
+    if tpl.boot_disk is not None:  # vm: the whole disk
+        base, fmt, disk = tpl.boot_disk, "qcow2", d / "disk.qcow2"
+        update = {"boot_disk": disk}
+    else:
+        base, fmt, disk = tpl.scratch, tpl.scratch_format, d / "rw.qcow2"
+        update = {"scratch": disk, "scratch_format": "qcow2"}
     proc = await asyncio.create_subprocess_exec(
-        qemu_img, "create", "-q", "-f", "qcow2", "-F", tpl.scratch_format,
-        "-b", str(tpl.scratch), str(disk), stdout=asyncio.subprocess.PIPE,
+        qemu_img, "create", "-q", "-f", "qcow2", "-F", fmt,
+        "-b", str(base), str(disk), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise Internal(f"qemu-img create failed: {out.decode(errors='replace')[-500:]}")
-    spec = tpl.model_copy(update={"workdir": d, "scratch": disk, "scratch_format": "qcow2",
-                                  "hostname": hostname, "cgroup": cgroup, "cpu": cpu,
-                                  "netns": netns_path(d)})
+    spec = tpl.model_copy(update={"workdir": d, "hostname": hostname, "cgroup": cgroup,
+                                  "cpu": cpu, "netns": netns_path(d), **update})
     spec = await _incoming(spec, saved_path(template))
     save_launch(spec)
     await set_identity(d, hostname)

@@ -38,8 +38,6 @@ class VMBackend(MicroVMBackend):
 
     async def launch_spec(self, s: SandboxSpec, d: Path,
                           hostname: str) -> tuple[LaunchSpec, dict]:
-        if self.config.warm_start:
-            raise Unsupported("warm_start (template clones) is only available on microvm")
         art = await self.artifacts()
         accel = await self.accel()
         resolved = await asyncio.to_thread(self.images.resolve, s.image, s.layers)
