@@ -45,6 +45,8 @@ class _Tour:
 def demo(
     image: Annotated[str, typer.Option(help="image to start the sandboxes from")] = "busybox",
     count: Annotated[int, typer.Option(min=1, max=16, help="sandboxes to create")] = 3,
+    guest: Annotated[bool, typer.Option(
+        help="also start a microvm guest (its own kernel; seconds under TCG)")] = True,
 ) -> None:
     """A guided tour: create sandboxes, use them, stop them, showing each SDK call.
 
@@ -56,6 +58,8 @@ def demo(
                   "(from DSEC_URL, or the local server's state directory)")
         try:
             _run(tour, client, image, count, job)
+            if guest:
+                _guest(tour, client, image, job)
         finally:
             stopped = client.stop_all(job=job)  # first, so that no print can prevent it
             tour.step("clean up: stop every sandbox of the demo's job",
@@ -109,6 +113,22 @@ def _run(tour: _Tour, client, image: str, count: int, job: str) -> None:
 
     _files(tour, a, b)
     _failures(tour, client, a)
+
+
+def _guest(tour: _Tour, client, image: str, job: str) -> None:
+    tour.step("the same calls on a microvm guest, which runs its own kernel",
+              f"vm = client.create(backend='microvm', image={image!r}, memory_mb=256, "
+              f"job={job!r})\nvm.exec('uname -r').stdout")
+    if not any("microvm" in n.backends for n in client.nodes()):
+        tour.say("[dim]skipped: no node of this server offers the microvm backend[/]")
+        return
+    t0 = time.perf_counter()
+    vm = client.create(backend="microvm", image=image, memory_mb=256, job=job)
+    tour.say(f"guest {vm.id} answered after {time.perf_counter() - t0:.1f}s "
+             "(QEMU; KVM where it works, TCG otherwise)")
+    tour.show("its kernel:", vm.exec("uname -r").stdout.strip())
+    tour.say("the same image's files, the same exec, shell and files calls; only "
+             "backend= changed")
 
 
 def _files(tour: _Tour, a, b) -> None:
