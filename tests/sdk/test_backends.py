@@ -27,7 +27,10 @@ async def test_the_same_verbs_on_every_backend(multi_server, backend):
     async with dsec.AsyncClient(multi_server.url, multi_server.token, timeout=300) as c:
         sb = await c.create(backend=backend, image="busybox", memory_mb=256)
         try:
-            assert (await sb.refresh()).backend == backend
+            info = await sb.refresh()
+            assert info.backend == backend
+            # Host memory it holds now: a cgroup's usage, or a guest's QEMU (Pss).
+            assert 0 < info.memory_used_mb < 4 * 256, info.memory_used_mb
             r = await sb.exec("echo hi; echo err >&2; exit 3", timeout=30)
             assert (r.exit_code, r.stdout, r.stderr) == (3, "hi\n", "err\n")
             assert (await sb.exec(["no-such-command"])).exit_code == 127

@@ -131,6 +131,10 @@ class SandboxInfo(BaseModel):
     expires_at: float | None = None
     last_active_at: float
     error: str | None = None
+    memory_used_mb: float | None = Field(
+        None, description="host memory the sandbox holds now (a container's cgroup usage; a "
+                          "guest's QEMU Pss, pages KSM merged counted shared); set by get, "
+                          "not by list")
 
 
 class SandboxList(BaseModel):

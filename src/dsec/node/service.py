@@ -171,7 +171,9 @@ class NodeService:
                            last_active_at=rec.last_active_at, error=rec.error)
 
     async def get(self, sb_id: str) -> SandboxInfo:
-        return self.info(self._get(sb_id))
+        rec = self._get(sb_id)
+        used = await asyncio.to_thread(self.backends[rec.spec.backend].memory_bytes, rec)
+        return self.info(rec).model_copy(update={"memory_used_mb": round(used / (1 << 20), 1)})
 
     async def list(self, job: str | None = None,
                    labels: dict[str, str] | None = None) -> list[SandboxInfo]:
