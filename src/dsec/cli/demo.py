@@ -124,8 +124,9 @@ def _guest(tour: _Tour, client, image: str, job: str) -> None:
         return
     t0 = time.perf_counter()
     vm = client.create(backend="microvm", image=image, memory_mb=256, job=job)
-    tour.say(f"guest {vm.id} answered after {time.perf_counter() - t0:.1f}s "
-             "(QEMU; KVM where it works, TCG otherwise)")
+    tour.say(f"guest {vm.id} answered after {time.perf_counter() - t0:.1f}s (QEMU: KVM where "
+             "it works, TCG otherwise; a node's first guest also builds the guest kernel and "
+             "initramfs and probes KVM once, so later ones start faster)")
     tour.show("its kernel:", vm.exec("uname -r").stdout.strip())
     tour.say("the same image's files, the same exec, shell and files calls; only "
              "backend= changed")
