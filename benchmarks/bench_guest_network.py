@@ -20,9 +20,9 @@ import asyncio
 import json
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,44 +37,14 @@ from dsec.node.backends.microvm import MicroVMBackend, MicroVMConfig
 from dsec.node.host.netpolicy import NetworkManager
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER, PEER_NET, PORT = "10.216.0.2", "10.216.0.1/24", 8080
-SUBNET = "10.217.0.0/24"
+if str(ROOT) not in sys.path:  # for tests.redteam.netpeer when run as a plain script
+    sys.path.insert(0, str(ROOT))
+from tests.redteam.netpeer import PEER, PEER_PORT, Peer  # noqa: E402
+
+SUBNET = "10.217.0.0/24"  # the benchmark node's sandboxes (apart from the tests' nodes)
 FETCHES = 20
 LOOP = (f"i=0; while [ $i -lt {FETCHES} ]; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | "
-        f"nc -w 3 {PEER} {PORT} > /dev/null || exit 1; i=$((i+1)); done")
-
-
-class Peer:
-    def __init__(self) -> None:
-        self.ns, self.link = f"dsec-bpeer-{secrets.token_hex(3)}", f"dsbp{secrets.token_hex(3)}"
-        self.http: subprocess.Popen | None = None
-
-    def __enter__(self) -> Peer:
-        cmds = [f"ip netns add {self.ns}",
-                f"ip link add {self.link} type veth peer name eth0 netns {self.ns}",
-                f"ip addr add {PEER_NET} dev {self.link}", f"ip link set {self.link} up",
-                f"ip -n {self.ns} addr add {PEER}/24 dev eth0",
-                f"ip -n {self.ns} link set eth0 up", f"ip -n {self.ns} link set lo up"]
-        for c in cmds:
-            subprocess.run(c.split(), check=True)
-        self.http = subprocess.Popen(["ip", "netns", "exec", self.ns, "python3", "-m",
-                                      "http.server", str(PORT), "--bind", PEER],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection((PEER, PORT), 1).close()
-                return self
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def __exit__(self, *exc) -> None:
-        if self.http:
-            self.http.kill()
-            self.http.wait()
-        subprocess.run(["ip", "netns", "del", self.ns])
+        f"nc -w 3 {PEER} {PEER_PORT} > /dev/null || exit 1; i=$((i+1)); done")
 
 
 def record(sb_id: str, backend: str) -> SandboxRecord:
@@ -143,12 +113,13 @@ async def main(args: argparse.Namespace) -> None:
     state = Path(tempfile.mkdtemp(prefix="dsec-bench-gnet-"))
     (state / "network.json").write_text(json.dumps(
         {"subnet": SUBNET, "permissions": {"peer": {"addresses": [f"{PEER}/32"],
-                                                    "ports": [PORT]}}}))
+                                                    "ports": [PEER_PORT]}}}))
     images = ImageService(state)
     net = NetworkManager(state, secrets.token_hex(4))
     try:
         images.ensure_busybox()
-        with Peer():
+        peer = Peer().start()  # the tests' peer: a netns with an HTTP server on PEER:PORT
+        try:
             host = host_fetch(args.rounds)
             ctr = await in_sandbox(ContainerBackend(state, images, ensure_agent(state / "bin")),
                                    net, args.rounds)
@@ -156,6 +127,8 @@ async def main(args: argparse.Namespace) -> None:
                 guest_dir=ROOT / "build" / "guest"))
             accel = await vb.accel()
             vm = await in_sandbox(vb, net, args.rounds)
+        finally:
+            peer.stop()
         await net.close()
     finally:
         images.unmount_all()

@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, PlainValida
                       model_validator)
 
 from dsec.api.errors import RemoteError, SandboxTimeout
+from dsec.api.models import ProcessOutcome
 
 __all__ = ["Language", "FnCallRequest", "FnCallResult", "FnCallBatch", "FnCallBatchResult",
            "RemoteErrorInfo", "RemoteError", "LANGUAGES"]
@@ -94,17 +95,9 @@ class RemoteErrorInfo(BaseModel):
     traceback: str
 
 
-class FnCallResult(BaseModel):
+class FnCallResult(ProcessOutcome):
     """What one call did. A non-zero exit, a timeout or an OOM kill is a result, not an error."""
 
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-    duration_ms: float = 0.0
-    timed_out: bool = False
-    oom_killed: bool = False
     signal: int | None = Field(None, description="signal that ended the program, if any")
     compile_failed: bool = False
     files: dict[str, Blob] = Field(default_factory=dict,

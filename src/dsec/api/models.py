@@ -20,6 +20,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxList",
     "ExecRequest",
+    "ProcessOutcome",
     "ExecResult",
     "ExecEvent",
     "ShellInfo",
@@ -164,8 +165,9 @@ class ExecRequest(_Request):
         return v
 
 
-class ExecResult(BaseModel):
-    """What a finished command did."""
+class ProcessOutcome(BaseModel):
+    """What a finished program did: the fields every kind of run reports. A non-zero exit,
+    a timeout or an OOM kill is an outcome, not an error."""
 
     exit_code: int
     stdout: str = ""
@@ -175,6 +177,11 @@ class ExecResult(BaseModel):
     duration_ms: float = 0.0
     timed_out: bool = False
     oom_killed: bool = False
+
+
+class ExecResult(ProcessOutcome):
+    """What a finished command did."""
+
     pid: int | None = None
 
 

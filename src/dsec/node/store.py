@@ -15,7 +15,18 @@ from pathlib import Path
 from dsec.api.models import SandboxSpec
 from dsec.node.backends.base import SandboxRecord
 
-__all__ = ["NodeStore", "ensure_node_id"]
+__all__ = ["NodeStore", "ensure_node_id", "open_db"]
+
+
+def open_db(path: Path, schema: str) -> sqlite3.Connection:
+    """An autocommit SQLite connection in WAL mode with ``schema`` applied, shareable
+    across threads (callers serialize with their own lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(schema)
+    return db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -36,11 +47,7 @@ class NodeStore:
     """Sandboxes of this node, by id; thread-safe."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self._db = open_db(path, SCHEMA)
         self._lock = threading.Lock()
 
     def put(self, rec: SandboxRecord) -> None:

@@ -10,12 +10,12 @@ The same file holds the audit records of denied actions.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
 
 from dsec.api.rl import AuditRecord, TrajectoryEntry
+from dsec.node.store import open_db
 
 __all__ = ["TrajectoryLog"]
 
@@ -51,11 +51,7 @@ class TrajectoryLog:
     """Append and read trajectories; thread-safe."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        self._db = open_db(path, SCHEMA)
         self._lock = threading.Lock()
 
     def append(self, sandbox: str, step: str | None, kind: str, fingerprint: str,

@@ -82,14 +82,18 @@ static int read_all(int fd, void *buf, size_t n) {
     return 0;
 }
 
-static int send_frame(int fd, char type, const void *data, uint32_t len) {
+static int send_chan_frame(int fd, char type, uint32_t chan, const void *data, uint32_t len) {
     unsigned char hdr[9];
-    uint32_t chan = 0, blen = htonl(len);
+    uint32_t bchan = htonl(chan), blen = htonl(len);
     hdr[0] = (unsigned char)type;
-    memcpy(hdr + 1, &chan, 4);
+    memcpy(hdr + 1, &bchan, 4);
     memcpy(hdr + 5, &blen, 4);
     if (write_all(fd, hdr, 9) < 0) return -1;
     return len ? write_all(fd, data, len) : 0;
+}
+
+static int send_frame(int fd, char type, const void *data, uint32_t len) {
+    return send_chan_frame(fd, type, 0, data, len);
 }
 
 static int send_text(int fd, char type, const char *text) {
@@ -508,13 +512,7 @@ static struct chan chans[MUX_MAX];
 static int serial_fd;
 
 static int mux_send(char kind, uint32_t id, const void *data, uint32_t len) {
-    unsigned char hdr[9];
-    uint32_t bid = htonl(id), blen = htonl(len);
-    hdr[0] = (unsigned char)kind;
-    memcpy(hdr + 1, &bid, 4);
-    memcpy(hdr + 5, &blen, 4);
-    if (write_all(serial_fd, hdr, 9) < 0) return -1;
-    return len ? write_all(serial_fd, data, len) : 0;
+    return send_chan_frame(serial_fd, kind, id, data, len);
 }
 
 static void chan_free(struct chan *c) {

@@ -12,11 +12,10 @@ Per sandbox, under ``<state>/sandboxes/<id>/``:
 The guest boots the Debian kernel with dsec's initramfs, which mounts the image's EROFS
 layers (the layer blob files, shared read-only by every guest) under an overlay on rw.img
 and runs the dsec-agent on a virtio-serial port, which the node multiplexes into one
-channel per connection (:mod:`.serialmux`). The guest's network is QEMU user networking:
-its outgoing connections become QEMU's own
-sockets in that namespace, so egress is the namespace's: loopback only until the node's
-network policy adds a veth and nftables rules (:mod:`dsec.node.host.netpolicy`), exactly
-as for a container.
+channel per connection (:mod:`.serialmux`). The guest's network is QEMU user networking
+inside the guest's own namespace: its outgoing connections become QEMU's own sockets there,
+so egress is the namespace's, loopback only until the node's network policy adds a veth and
+nftables rules (:mod:`dsec.node.host.netpolicy`), exactly as for a container.
 """
 
 from __future__ import annotations

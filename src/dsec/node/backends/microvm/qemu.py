@@ -30,7 +30,7 @@ from dsec.api.errors import Capacity, Internal
 from dsec.node.backends.microvm import serialmux
 from dsec.node.host.netns import nsenter_argv
 
-__all__ = ["LaunchSpec", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
+__all__ = ["LaunchSpec", "agent_socket", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
            "pid_alive", "kill_qemu", "read_pid"]
 
 GUEST_NET = "10.0.2.15"
@@ -81,12 +81,16 @@ class LaunchSpec(BaseModel):
 
     @property
     def agent_socket(self) -> Path:
-        """The host end of the guest's agent port (see :mod:`.serialmux`)."""
-        return self.workdir / "agent.sock"
+        return agent_socket(self.workdir)
 
     @property
     def pidfile(self) -> Path:
         return self.workdir / "qemu.pid"
+
+
+def agent_socket(workdir: Path) -> Path:
+    """The host end of a guest's agent port (see :mod:`.serialmux`)."""
+    return workdir / "agent.sock"
 
 
 @functools.cache
@@ -252,7 +256,7 @@ async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
     QEMU that died before writing it or whose file was lost."""
     pid = read_pid(workdir)
     pids = [pid] if pid is not None else _pids_naming(workdir / "qemu.pid")
-    serialmux.drop(workdir / "agent.sock")  # before a new QEMU can take the socket's name
+    serialmux.drop(agent_socket(workdir))  # before a new QEMU can take the socket's name
     for pid in pids:
         await _kill(pid, grace_s)
 

@@ -17,7 +17,7 @@ from dsec.api.errors import Internal, SandboxTimeout
 from dsec.node.agent.client import AgentConnector, ping
 from dsec.node.backends.microvm import serialmux
 from dsec.node.backends.microvm.console import console_tail
-from dsec.node.backends.microvm.qemu import LaunchSpec, read_pid
+from dsec.node.backends.microvm.qemu import LaunchSpec, agent_socket, read_pid
 from dsec.node.backends.microvm.qmp import QMPError, qmp
 from dsec.node.host.procfs import pss
 
@@ -54,19 +54,16 @@ def netns_path(d: Path) -> Path:
 
 
 def port_connector(d: Path) -> AgentConnector:
-    """Connects to the guest's agent over its virtio-serial port (a new channel each)."""
+    """Connects to the guest's agent over its virtio-serial port (a new channel each; a
+    guest with no QEMU running refuses, as its port's socket does)."""
     async def connect():
-        if read_pid(d) is None:
-            raise ConnectionRefusedError(f"sandbox {d.name} has no running guest")
-        return await serialmux.connect(d / "agent.sock", limit=1 << 21)
+        return await serialmux.connect(agent_socket(d), limit=1 << 21)
     return connect
 
 
 def connect_sync(d: Path, timeout: float = 10.0) -> socket.socket:
     """A blocking connection to the guest's agent, for worker threads (files)."""
-    if read_pid(d) is None:
-        raise ConnectionRefusedError(f"sandbox {d.name} has no running guest")
-    return serialmux.connect_sync(d / "agent.sock", timeout)
+    return serialmux.connect_sync(agent_socket(d), timeout)
 
 
 async def wait_ready(d: Path, timeout_s: float) -> None:

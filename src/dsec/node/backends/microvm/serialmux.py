@@ -159,36 +159,14 @@ class _Mux:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         answer = HEADER.pack(ord("h"), 0, len(MAGIC)) + MAGIC
         try:
-            buf = b""
-            while not self.ready.is_set():  # skip what an earlier node's session left
-                chunk = await reader.read(1 << 16)
-                if not chunk:
-                    return
-                buf += chunk
-                i = buf.find(answer)
-                if i >= 0:
-                    buf = buf[i + len(answer):]
-                    self.ready.set()
-                else:
-                    buf = buf[-len(answer):]
+            await reader.readuntil(answer)  # skips what an earlier node's session left
+            self.ready.set()
             while True:
-                while len(buf) < HEADER.size:
-                    chunk = await reader.read(1 << 16)
-                    if not chunk:
-                        return
-                    buf += chunk
-                kind, cid, length = HEADER.unpack_from(buf)
+                kind, cid, length = HEADER.unpack(await reader.readexactly(HEADER.size))
                 if length > CHUNK:
                     return  # out of step with the guest: start over with a new mux
-                while len(buf) < HEADER.size + length:
-                    chunk = await reader.read(1 << 16)
-                    if not chunk:
-                        return
-                    buf += chunk
-                payload = buf[HEADER.size:HEADER.size + length]
-                buf = buf[HEADER.size + length:]
-                self._frame(kind, cid, payload)
-        except (OSError, asyncio.IncompleteReadError):
+                self._frame(kind, cid, await reader.readexactly(length))
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             return
         finally:
             self.close()
