@@ -52,9 +52,9 @@ def test_interactive_session(term_for, sb):
     for _ in range(20):  # the resize frame may trail the first keystrokes; ask again
         mark = len(t.buf)
         t.type("stty size\r")
-        # ash redraws the line when the resize lands mid-typing ("stty \r/ # stty \x1b[Jsize"),
-        # so wait for the end of the echoed line, not the whole command
-        end = t.read_until(PROMPT, since=t.read_until(b"size\r\n", since=mark))
+        # ash redraws the line when the resize lands mid-typing ("stty si\r/ # stty si\x1b[Jze",
+        # anywhere in the word), with "\r" but never "\r\n": the first "\r\n" ends the echo
+        end = t.read_until(PROMPT, since=t.read_until(b"\r\n", since=mark))
         if b"40 120" in t.buf[mark:end]:
             break
     else:
