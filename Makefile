@@ -37,16 +37,24 @@ images: setup
 	DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR)
 	$(PY) -m dsec.node.backends.microvm.guest --out $(STATE_DIR)/microvm/guest
 
+# The state dir and the log are private (the server keeps them so); the token is printed
+# from its 0600 file, only on the run that created it, and never goes into the log.
 run: setup
-	@mkdir -p $(STATE_DIR)
+	@mkdir -p -m 0700 $(STATE_DIR) && chmod 0700 $(STATE_DIR)
 	@if curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1; then \
 		echo "dsec server already running on 127.0.0.1:$(PORT)"; \
 	else \
+		had_token=$$([ -f $(STATE_DIR)/token ] && echo yes); \
+		(umask 077 && touch $(STATE_DIR)/server.log) && chmod 0600 $(STATE_DIR)/server.log; \
 		echo "starting dsec server on 127.0.0.1:$(PORT) (log: $(STATE_DIR)/server.log)"; \
 		nohup $(PY) -m dsec.gateway.server --state-dir $(STATE_DIR) --port $(PORT) \
 			>>$(STATE_DIR)/server.log 2>&1 & echo $$! > $(STATE_DIR)/server.pid; \
 		for i in $$(seq 1 120); do curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1 && break; sleep 0.5; done; \
-		grep -A1 "new API token" $(STATE_DIR)/server.log | tail -1 | sed 's/^ */API token: /' || true; \
+		if [ -z "$$had_token" ] && [ -f $(STATE_DIR)/token ]; then \
+			echo "new API token (kept in $(STATE_DIR)/token, mode 0600): $$(cat $(STATE_DIR)/token)"; \
+		else \
+			echo "API token: in $(STATE_DIR)/token"; \
+		fi; \
 	fi
 	DSEC_STATE_DIR=$(STATE_DIR) $(DSEC) demo
 	@echo

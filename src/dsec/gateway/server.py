@@ -14,19 +14,17 @@ from dsec.gateway.app import create_app
 from dsec.gateway.auth import load_or_create_token
 from dsec.node.config import NodeConfig
 
-__all__ = ["serve", "DEFAULT_PORT"]
+__all__ = ["serve", "secure_state_dir", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 7070
 log = logging.getLogger("dsec.gateway")
 
 
 async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> None:
-    token, created = load_or_create_token(config.state_dir)
-    if created:
-        print(f"dsec: new API token (stored 0600 in {config.state_dir / 'token'}):\n  {token}",
-              flush=True)
+    token = _token(config.state_dir)
     cluster = await LocalCluster.open(config)
-    (config.state_dir / "url").write_text(f"http://{host}:{port}\n")
+    secure_state_dir(config.state_dir)  # and what the node made in it
+    _write_private(config.state_dir / "url", f"http://{host}:{port}\n")
     app = create_app(cluster, token)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, ws="websockets-sansio"))
@@ -38,18 +36,50 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
 async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None) -> None:
     from dsec.cluster.ray import RayCluster, ray_init
     from dsec.gateway.proxy import create_proxy_app
-    token, created = load_or_create_token(state_dir)
-    if created:
-        print(f"dsec: new API token (stored 0600 in {state_dir / 'token'}):\n  {token}",
-              flush=True)
+    token = _token(state_dir)
     await asyncio.to_thread(ray_init, address)
     cluster = RayCluster()
-    (state_dir / "url").write_text(f"http://{host}:{port}\n")
+    _write_private(state_dir / "url", f"http://{host}:{port}\n")
     server = uvicorn.Server(uvicorn.Config(create_proxy_app(cluster, token), host=host,
                                            port=port, log_level="warning", access_log=False))
     nodes = await cluster.endpoints(force=True)
     print(f"dsec: gateway on http://{host}:{port} over Ray ({len(nodes)} nodes)", flush=True)
     await server.serve()
+
+
+def _token(state_dir: Path) -> str:
+    """The API token, on a state directory made private first. The token itself is never
+    printed: the log that stdout usually goes to is no place for a secret."""
+    secure_state_dir(state_dir)
+    token, created = load_or_create_token(state_dir)
+    if created:
+        print(f"dsec: new API token created; it is in {state_dir / 'token'} (mode 0600)",
+              flush=True)
+    return token
+
+
+def secure_state_dir(state_dir: Path) -> None:
+    """Make the state directory 0700 and each entry at its top 0700 (a directory) or 0600.
+
+    These modes keep other users out of everything below (the trajectory log, sandbox
+    specs with their environment, sockets). Deeper files keep the modes their creators
+    chose: a process-wide umask of 077 would also reach the trees the node builds for
+    sandboxes (the busybox image, layer roots, upper dirs), and a non-root user in a
+    sandbox could then no longer run /bin/sh. Called before the node opens and after."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    for entry in os.scandir(state_dir):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+        elif entry.is_file(follow_symlinks=False):
+            os.chmod(entry.path, 0o600)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,

@@ -65,6 +65,7 @@ class NodeService:
     async def open(cls, config: NodeConfig) -> NodeService:
         from dsec.node.backends.registry import make_backends
         store = NodeStore(config.state_dir / "node.db")
+        (config.state_dir / "sandboxes").mkdir(mode=0o700, exist_ok=True)  # specs, sockets
         node_id = store.meta("node_id")
         if node_id is None:
             node_id = f"node-{secrets.token_hex(4)}"

@@ -8,6 +8,7 @@ transactions, and a host crash takes the sandboxes with it anyway.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -22,6 +23,11 @@ def open_db(path: Path, schema: str) -> sqlite3.Connection:
     """An autocommit SQLite connection in WAL mode with ``schema`` applied, shareable
     across threads (callers serialize with their own lock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Private from the start: SQLite gives the -wal and -shm files the database's mode.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            os.chmod(p, 0o600)
     db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
