@@ -1,35 +1,25 @@
 """The OCI runtime spec (config.json) dsec hands to runc for a container sandbox.
 
 Hardening follows Docker's defaults: a reduced capability set, ``no_new_privs``, masked
-and read-only /proc and /sys paths, a seccomp filter refusing the syscalls Docker's
-default profile refuses, and rlimits inside the host's hard limits.
+and read-only /proc and /sys paths, a seccomp allowlist (Docker's default profile as
+Debian's containers-common ships it, resolved for :data:`CAPABILITIES`, plus dsec's own
+refusals: see :mod:`dsec.node.host.seccomp`), and rlimits inside the host's hard limits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["ContainerConfig", "build_config", "CAPABILITIES", "BLOCKED_SYSCALLS"]
+from dsec.node.host import seccomp
+
+__all__ = ["ContainerConfig", "build_config", "CAPABILITIES"]
 
 # Docker's default set minus NET_RAW (no raw sockets for port scans) and MKNOD.
 CAPABILITIES = [
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
     "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
     "CAP_AUDIT_WRITE",
-]
-
-# Syscalls Docker's default profile does not allow to an unprivileged container.
-BLOCKED_SYSCALLS = [
-    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module",
-    "delete_module", "finit_module", "fsconfig", "fsmount", "fsopen", "fspick",
-    "get_kernel_syms", "get_mempolicy", "init_module", "ioperm", "iopl", "kcmp",
-    "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie", "mbind", "mount",
-    "mount_setattr", "move_mount", "move_pages", "name_to_handle_at", "nfsservctl",
-    "open_by_handle_at", "open_tree", "perf_event_open", "personality", "pivot_root",
-    "process_vm_readv", "process_vm_writev", "ptrace", "query_module", "quotactl",
-    "quotactl_fd", "reboot", "request_key", "set_mempolicy", "setns", "settimeofday",
-    "swapoff", "swapon", "sysfs", "syslog", "umount", "umount2", "unshare", "uselib",
-    "userfaultfd", "ustat", "vm86", "vm86old", "vmsplice",
 ]
 
 MASKED = [
@@ -59,14 +49,6 @@ class ContainerConfig:
     netns_path: str | None = None
 
 
-def _seccomp() -> dict:
-    return {
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "syscalls": [{"names": BLOCKED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
-    }
-
-
 def _mounts(cfg: ContainerConfig) -> list[dict]:
     base = [
         {"destination": "/proc", "type": "proc", "source": "proc",
@@ -88,8 +70,10 @@ def _mounts(cfg: ContainerConfig) -> list[dict]:
     return base
 
 
-def build_config(cfg: ContainerConfig) -> dict:
-    """The full config.json for ``runc run``."""
+def build_config(cfg: ContainerConfig,
+                 seccomp_profile: Path = seccomp.DEFAULT_PROFILE) -> dict:
+    """The full config.json for ``runc run``; ``seccomp_profile`` is the moby-format
+    profile the sandbox's filter is resolved from."""
     period = 100_000
     mem = cfg.memory_mb * 1024 * 1024
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
@@ -121,6 +105,6 @@ def build_config(cfg: ContainerConfig) -> dict:
             "namespaces": namespaces,
             "maskedPaths": MASKED,
             "readonlyPaths": READONLY,
-            "seccomp": _seccomp(),
+            "seccomp": seccomp.sandbox_filter(CAPABILITIES, seccomp_profile),
         },
     }
