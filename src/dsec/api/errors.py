@@ -12,6 +12,7 @@ __all__ = [
     "DSecError",
     "NotFound",
     "InvalidArgument",
+    "TooLarge",
     "Unauthorized",
     "Capacity",
     "SandboxTimeout",
@@ -38,7 +39,9 @@ class DSecError(Exception):
         self.message = message
 
     def to_wire(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message}}
+        # a message quoting a caller's bad string must still encode as UTF-8
+        message = self.message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return {"error": {"code": self.code, "message": message}}
 
 
 class NotFound(DSecError, LookupError):
@@ -51,6 +54,12 @@ class InvalidArgument(DSecError, ValueError):
     """A request argument is out of range or malformed."""
 
     code, status = "invalid_argument", 400
+
+
+class TooLarge(InvalidArgument):
+    """A request body is larger than the node's limit."""
+
+    code, status = "too_large", 413
 
 
 class Unauthorized(DSecError, PermissionError):
@@ -124,7 +133,7 @@ class Internal(DSecError, RuntimeError):
 
 ERROR_TABLE: dict[str, type[DSecError]] = {
     cls.code: cls
-    for cls in (NotFound, InvalidArgument, Unauthorized, Capacity, SandboxTimeout,
+    for cls in (NotFound, InvalidArgument, TooLarge, Unauthorized, Capacity, SandboxTimeout,
                 SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, RemoteError,
                 Internal)
 }

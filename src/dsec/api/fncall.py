@@ -11,10 +11,11 @@ import binascii
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator,
+from pydantic import (BaseModel, Field, PlainSerializer, PlainValidator, field_validator,
                       model_validator)
 
 from dsec.api.errors import RemoteError, SandboxTimeout
+from dsec.api.limits import DEFAULT_LIMITS as _L, RequestModel, check_argv, check_env
 from dsec.api.models import ProcessOutcome
 
 __all__ = ["Language", "FnCallRequest", "FnCallResult", "FnCallBatch", "FnCallBatchResult",
@@ -48,10 +49,8 @@ def _relative(path: str) -> str:
     return norm
 
 
-class FnCallRequest(BaseModel):
+class FnCallRequest(RequestModel):
     """One stateless call: ``code`` in ``language``, or a pickled Python ``callable``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     language: Language = Field("python", description="python, bash, sh, c or cpp")
     code: str | None = Field(None, max_length=1 << 22, description="source code to run")
@@ -59,13 +58,18 @@ class FnCallRequest(BaseModel):
     image: str = Field("python:3.11", min_length=1, max_length=256,
                        description="image of the worker pool that runs the call")
     argv: list[str] = Field(default_factory=list, max_length=1024,
-                            description="arguments to the program (sys.argv[1:] in Python)")
+                            description="arguments to the program (sys.argv[1:] in Python); "
+                                        f"at most {_L.cmd_bytes} bytes in all")
     stdin: Blob | None = Field(None, description="bytes fed to the program's stdin")
-    files: dict[str, Blob] = Field(default_factory=dict,
+    files: dict[str, Blob] = Field(default_factory=dict, max_length=1024,
                                    description="input files, relative path -> content")
     return_files: list[str] = Field(default_factory=list, max_length=256,
                                     description="relative paths to send back in result.files")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    env: dict[str, str] = Field(default_factory=dict,
+                                json_schema_extra={"maxProperties": _L.env},
+                                description=f"extra environment; at most {_L.env} entries and "
+                                            f"{_L.env_bytes} bytes (node limits.env, "
+                                            "limits.env_bytes)")
     timeout: float = Field(10.0, gt=0, le=3600, description="wall-clock seconds for the call")
     cpu_time_s: float | None = Field(None, gt=0, le=3600,
                                      description="CPU seconds per process; default: timeout")
@@ -75,6 +79,16 @@ class FnCallRequest(BaseModel):
     max_output: int = Field(1 << 20, ge=0, le=1 << 28, description="cap per stream, bytes")
     compile_args: list[str] = Field(default_factory=list, max_length=256,
                                     description="extra compiler flags for c and cpp")
+
+    @field_validator("argv", "compile_args")
+    @classmethod
+    def _argv(cls, v: list[str], info) -> list[str]:
+        return check_argv(v, info.field_name)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
 
     @model_validator(mode="after")
     def _check(self) -> FnCallRequest:
@@ -121,10 +135,8 @@ class FnCallResult(ProcessOutcome):
         return cloudpickle.loads(self.value)
 
 
-class FnCallBatch(BaseModel):
+class FnCallBatch(RequestModel):
     """Many calls in one request; they run concurrently over the pools."""
-
-    model_config = ConfigDict(extra="forbid")
 
     calls: list[FnCallRequest] = Field(min_length=1, max_length=10000)
 

@@ -6,10 +6,15 @@ hand-built dict shapes. Requests forbid unknown fields so a typo is an error, no
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, check_cmd,
+                             check_env, check_labels, check_path, check_user)
 
 __all__ = [
     "Backend",
@@ -33,6 +38,8 @@ __all__ = [
     "InputRequest",
     "MAX_OUTPUT_DEFAULT",
     "validated",
+    "validated_json",
+    "describe",
 ]
 
 Backend = Literal["container", "microvm", "vm", "fncall"]
@@ -49,16 +56,35 @@ def validated(cls, /, **fields):
     try:
         return cls(**fields)
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}" if loc else msg)
-        raise InvalidArgument("; ".join(parts)) from None
+        raise InvalidArgument(describe(exc)) from None
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def validated_json(cls, body: bytes, /):
+    """Parse a request model from JSON text, failing like :func:`validated`."""
+    from pydantic import ValidationError
+
+    from dsec.api.errors import InvalidArgument
+    try:
+        return cls.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidArgument(describe(exc)) from None
+
+
+def describe(exc) -> str:
+    """A validation error as one line per field: where, and what to change."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+_Request = RequestModel
+
+_ENV_DOC = (f"at most {_L.env} entries and {_L.env_bytes} bytes (node limits.env, "
+            f"limits.env_bytes); keys non-empty, without '='")
+_ENV_SCHEMA = {"maxProperties": _L.env}
 
 
 class NetworkPolicy(_Request):
@@ -88,8 +114,23 @@ class SandboxSpec(_Request):
     network: Literal["none"] | dict[str, bool] = Field(
         "none", description="'none' (loopback only) or named egress permissions")
     job: str | None = Field(None, max_length=128, description="job this sandbox belongs to")
-    labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    labels: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"maxProperties": _L.labels},
+        description=f"free-form labels: at most {_L.labels}, keys of 1 to "
+                    f"{_L.label_key_bytes} bytes, values up to {_L.label_value_bytes} bytes "
+                    "(node limits.labels, limits.label_key_bytes, limits.label_value_bytes)")
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=_ENV_SCHEMA,
+                                description=f"extra environment; {_ENV_DOC}")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
 
     @field_validator("cpu")
     @classmethod
@@ -145,10 +186,16 @@ class SandboxList(BaseModel):
 class ExecRequest(_Request):
     """One command. ``cmd`` as a string runs under ``/bin/sh -c``; a list runs as argv."""
 
-    cmd: str | list[str] = Field(description="shell string or argv list")
-    cwd: str | None = Field(None, description="working directory; the image's by default")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
-    user: str | None = Field(None, description="user name or uid[:gid]; the image's by default")
+    cmd: str | list[str] = Field(
+        description=f"shell string or argv list: at most {_L.argv} argv entries and "
+                    f"{_L.cmd_bytes} bytes (node limits.argv, limits.cmd_bytes)")
+    cwd: str | None = Field(None, description="working directory; the image's by default; "
+                                              f"at most {_L.path_bytes} bytes")
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=_ENV_SCHEMA,
+                                description=f"extra environment; {_ENV_DOC}")
+    user: str | None = Field(None, max_length=256,
+                             description="user name or uid[:gid] (ids 0 to 4294967294); "
+                                         "the image's by default")
     stdin: str | None = Field(None, description="bytes fed to stdin, base64-encoded")
     timeout: float | None = Field(60.0, gt=0, le=86400,
                                   description="seconds before the process group is killed")
@@ -162,6 +209,31 @@ class ExecRequest(_Request):
     def _cmd_not_empty(cls, v: str | list[str]) -> str | list[str]:
         if not v or (isinstance(v, list) and not v[0]):
             raise ValueError("cmd must be a non-empty string or argv list")
+        return check_cmd(v) if isinstance(v, str) else check_argv(v, "cmd")
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd(cls, v: str | None) -> str | None:
+        return v if v is None else check_path(v, "cwd")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return v if v is None else check_user(v)
+
+    @field_validator("stdin")
+    @classmethod
+    def _stdin(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                base64.b64decode(v, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"must be base64 (RFC 4648, with padding): {exc}") from None
         return v
 
 
@@ -199,10 +271,16 @@ class ShellInfo(BaseModel):
 
 
 class ShellRunRequest(_Request):
-    cmd: str = Field(min_length=1)
+    cmd: str = Field(min_length=1, description=f"a line for the shell; at most {_L.cmd_bytes} "
+                                               "bytes (node limits.cmd_bytes)")
     timeout: float | None = Field(60.0, gt=0, le=86400)
     max_output: int = Field(MAX_OUTPUT_DEFAULT, ge=0, le=1 << 30)
     step: str | None = Field(None, max_length=256)
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd(cls, v: str) -> str:
+        return check_cmd(v)
 
 
 class FileInfo(BaseModel):
@@ -237,7 +315,8 @@ class NodeInfo(BaseModel):
 
 class PackDiffRequest(_Request):
     tag: str = Field(min_length=1, max_length=256)
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list, max_length=1024,
+                               description="paths left out of the layer")
 
     @model_validator(mode="after")
     def _tag_shape(self) -> PackDiffRequest:

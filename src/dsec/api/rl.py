@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from dsec.api.limits import RequestModel
 
 __all__ = [
     "StepKind",
@@ -27,8 +29,7 @@ __all__ = [
 StepKind = Literal["exec", "shell_run", "file_write", "pack_diff"]
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Request = RequestModel
 
 
 class TrajectoryEntry(BaseModel):

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dsec.api.errors import DSecError, InvalidArgument
 from dsec.cluster.base import Cluster
 from dsec.gateway.auth import BearerAuth
+from dsec.gateway.guard import RequestGuard, install_error_handlers
 from dsec.gateway.routes import files, fncall, jobs, network, sandboxes, streams, trajectory
 from dsec.node import metrics
 
 __all__ = ["create_app"]
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x not in ("body",))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts) or "invalid request"
 
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> FastAPI:
@@ -40,14 +30,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> Fast
                   description="Elastic sandboxes for agentic RL and LLM agent evaluation.")
     app.state.cluster = cluster
 
-    @app.exception_handler(DSecError)
-    async def _dsec_error(request: Request, exc: DSecError) -> JSONResponse:
-        return JSONResponse(exc.to_wire(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = InvalidArgument(_validation_message(exc))
-        return JSONResponse(err.to_wire(), status_code=err.status)
+    install_error_handlers(app)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict:
@@ -71,6 +54,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> Fast
     app.include_router(network.router)
     app.include_router(trajectory.router)
     _mount_images(app, cluster)
+    app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
     app.add_middleware(BearerAuth, token=token)
     return app
 

@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
-from dsec.api.errors import Capacity, DSecError, InvalidArgument
-from dsec.api.models import CreateManyRequest, SandboxSpec
+from dsec.api.errors import Capacity
+from dsec.api.models import CreateManyRequest, SandboxSpec, validated_json
 from dsec.cluster.ray import NodeEndpoint, RayCluster
 from dsec.gateway.auth import BearerAuth
-from dsec.placement.choose import choose_node
+from dsec.gateway.guard import RequestGuard, install_error_handlers
+from dsec.placement.choose import choose_node, refusal
 
 __all__ = ["create_proxy_app"]
 
@@ -42,9 +43,7 @@ def create_proxy_app(cluster: RayCluster, token: str) -> FastAPI:
 
     app = FastAPI(title="dsec gateway", lifespan=lifespan, openapi_url=None)
 
-    @app.exception_handler(DSecError)
-    async def _err(request: Request, exc: DSecError) -> JSONResponse:
-        return JSONResponse(exc.to_wire(), status_code=exc.status)
+    install_error_handlers(app)
 
     async def forward(request: Request, base: str, path: str | None = None,
                       body: bytes | None = None) -> Response:
@@ -75,7 +74,8 @@ def create_proxy_app(cluster: RayCluster, token: str) -> FastAPI:
                              spec.cpu * count, recent=recent, rng=random.Random(),
                              exclude=exclude)
         if chosen is None:
-            raise Capacity(f"no node can take {count} {spec.backend} sandbox(es) now")
+            raise Capacity(refusal([load for _, load in pairs], spec.backend, spec.memory_mb,
+                                   spec.cpu, count, exclude=exclude))
         recent[chosen.node_id] += count
         return by_id[chosen.node_id]
 
@@ -97,10 +97,7 @@ def create_proxy_app(cluster: RayCluster, token: str) -> FastAPI:
     @app.post("/v1/sandboxes")
     async def create(request: Request) -> Response:
         body = await request.body()
-        try:
-            spec = SandboxSpec.model_validate_json(body)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from exc
+        spec = validated_json(SandboxSpec, body)
         tried: set[str] = set()
         while True:  # the node's admission has the last word: on "full", try another
             ep = await place(spec, 1, frozenset(tried))
@@ -114,7 +111,7 @@ def create_proxy_app(cluster: RayCluster, token: str) -> FastAPI:
 
     @app.post("/v1/sandboxes/batch")
     async def create_many(request: Request) -> JSONResponse:
-        req = CreateManyRequest.model_validate_json(await request.body())
+        req = validated_json(CreateManyRequest, await request.body())
         shares: Counter[str] = Counter()
         eps: dict[str, NodeEndpoint] = {}
         for _ in range(req.count):  # spread the batch: each unit placed like a single create
@@ -217,5 +214,6 @@ def create_proxy_app(cluster: RayCluster, token: str) -> FastAPI:
         except RuntimeError:
             pass
 
+    app.add_middleware(RequestGuard)
     app.add_middleware(BearerAuth, token=token)
     return app

@@ -39,7 +39,9 @@ def admit(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
     mem_cap = load.memory_mb * policy.memory_overcommit
     if load.memory_reserved_mb + memory_mb * count > mem_cap:
         return (f"node {load.node_id} has {load.memory_reserved_mb} MiB reserved of "
-                f"{mem_cap:.0f} MiB it may promise")
-    if load.cpu_reserved + cpu * count > load.cpus * policy.cpu_overcommit:
-        return f"node {load.node_id} has {load.cpu_reserved:g} CPUs reserved"
+                f"{mem_cap:.0f} MiB it may promise; {count} x {memory_mb} MiB more do not fit")
+    cpu_cap = load.cpus * policy.cpu_overcommit
+    if load.cpu_reserved + cpu * count > cpu_cap:
+        return (f"node {load.node_id} has {load.cpu_reserved:g} CPUs reserved of {cpu_cap:g} "
+                f"it may promise; {count} x {cpu:g} CPUs more do not fit")
     return None

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
 
-__all__ = ["choose_node", "score"]
+__all__ = ["choose_node", "score", "refusal"]
 
 
 def score(load: NodeLoad, recent: int) -> float:
@@ -35,3 +35,19 @@ def choose_node(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: fl
         return None
     sample = rng.sample(fits, min(k, len(fits)))
     return min(sample, key=lambda n: score(n, recent.get(n.node_id, 0)))
+
+
+def refusal(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
+            count: int = 1, policy: AdmissionPolicy = AdmissionPolicy(),
+            exclude: frozenset[str] = frozenset()) -> str:
+    """Why no node can take ``count`` sandboxes of this size: each node's own reason, so
+    the caller learns which limit (memory, CPUs, sandboxes, backend) to change."""
+    reasons = []
+    for n in loads:
+        if n.node_id in exclude:
+            reasons.append(f"node {n.node_id} refused it already")
+        else:
+            reasons.append(admit(n, backend, memory_mb, cpu, policy, count=count)
+                           or f"node {n.node_id} has room again; retry")
+    head = f"no node can take {count} {backend} sandbox(es) of {cpu:g} CPU and {memory_mb} MiB"
+    return f"{head}: " + ("; ".join(reasons) if reasons else "there are no nodes")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from dsec.api.errors import Capacity
 from dsec.api.fncall import FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult
 from dsec.gateway.routes.common import cluster_of
-from dsec.placement.choose import choose_node
+from dsec.placement.choose import choose_node, refusal
 
 __all__ = ["router"]
 
@@ -24,8 +24,7 @@ def _backend(request: Request, memory_mb: int, count: int = 1):
     chosen = choose_node([n.load() for n in nodes.values()], "fncall", memory_mb, 0.05,
                          recent=_recent, rng=random.Random())
     if chosen is None:
-        raise Capacity("no node offers the fncall backend with room for "
-                       f"{memory_mb} MiB now")
+        raise Capacity(refusal([n.load() for n in nodes.values()], "fncall", memory_mb, 0.05))
     _recent[chosen.node_id] += count
     if len(_recent) > 1024:
         _recent.clear()

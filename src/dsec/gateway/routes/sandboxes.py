@@ -14,7 +14,7 @@ from dsec.api.models import (CreateManyRequest, ExecRequest, ExecResult, ImageSu
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
                              SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.gateway.routes.common import cluster_of, node_of
-from dsec.placement.choose import choose_node
+from dsec.placement.choose import choose_node, refusal
 
 __all__ = ["router", "CreateManyResponse"]
 
@@ -32,8 +32,8 @@ def _place(request: Request, spec: SandboxSpec, count: int = 1):
     chosen = choose_node([n.load() for n in nodes.values()], spec.backend, spec.memory_mb * count,
                          spec.cpu * count, recent=_recent, rng=random.Random())
     if chosen is None:
-        raise Capacity(f"no node can take {count} {spec.backend} sandbox(es) of "
-                       f"{spec.memory_mb} MiB now")
+        raise Capacity(refusal([n.load() for n in nodes.values()], spec.backend,
+                               spec.memory_mb, spec.cpu, count))
     _recent[chosen.node_id] += count
     if len(_recent) > 1024:
         _recent.clear()

@@ -14,7 +14,8 @@ router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
 
 
 @router.get("/trajectory", response_model=TrajectoryPage)
-async def trajectory(request: Request, sb_id: str, offset: int = Query(0, ge=0),
+async def trajectory(request: Request, sb_id: str,
+                     offset: int = Query(0, ge=0, le=(1 << 63) - 1),  # SQLite's integers
                      limit: int = Query(1000, ge=1, le=100000)) -> TrajectoryPage:
     log = node_of(request, sb_id).trajectory.log
     return TrajectoryPage(entries=log.entries(sb_id, offset, limit), total=log.count(sb_id))

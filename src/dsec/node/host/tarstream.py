@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import lzma
 import os
 import stat as st
 import tarfile
+import zlib
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
@@ -82,7 +84,18 @@ def check_member(m: tarfile.TarInfo) -> str:
 
 
 def untar_into(files: RootedFiles, dest: str, stream: BinaryIO, max_bytes: int) -> int:
-    """Unpack; regular files are written through rooted opens, setuid bits are dropped."""
+    """Unpack; regular files are written through rooted opens, setuid bits are dropped.
+    A body that is not a whole tar (or tar.gz, .bz2, .xz) archive is InvalidArgument; the
+    entries before the point where it broke stay unpacked."""
+    try:
+        return _untar(files, dest, stream, max_bytes)
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        why = "the body is empty" if "empty file" in str(exc) else str(exc)
+        raise InvalidArgument(f"the upload to {dest} is not a readable tar archive (plain, "
+                              f"gzip, bzip2 or xz): {why}") from exc
+
+
+def _untar(files: RootedFiles, dest: str, stream: BinaryIO, max_bytes: int) -> int:
     total = count = 0
     with tarfile.open(fileobj=stream, mode="r|*") as tf:
         for m in tf:

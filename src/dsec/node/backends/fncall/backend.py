@@ -51,6 +51,10 @@ __all__ = ["FncallBackend"]
 UID_BASE, UID_RANGE = 200_000, 1_000_000
 
 
+class _Refused(Exception):
+    pass
+
+
 class FncallBackend:
     """See the module docstring."""
 
@@ -107,11 +111,11 @@ class FncallBackend:
         worker = await pool.acquire()
         try:
             why = worker.supports(req)
-            if why is not None:
-                raise Unsupported(why)
+            if why is not None:  # the backend could, this image cannot: change the request
+                raise _Refused(why)
             return await worker.call(req)
-        except Unsupported:
-            raise
+        except _Refused as exc:  # the worker never saw the call: it stays healthy
+            raise InvalidArgument(str(exc)) from None
         except BaseException:
             worker.healthy = False
             raise
