@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.api.limits import RequestLimits
 from dsec.images.sources import RemoteConfig
 from dsec.node.backends.microvm.config import MicroVMConfig
 from dsec.placement.admission import AdmissionPolicy
@@ -39,3 +40,6 @@ class NodeConfig(BaseModel):
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
                                   description="settings of the microvm and vm backends")
+    limits: RequestLimits = Field(default_factory=RequestLimits,
+                                  description="what one request may carry (body, labels, "
+                                              "env, argv, command and path sizes)")

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from dsec.api.errors import InvalidArgument, SandboxStopped
+from dsec.api.limits import AGENT_MAX_ARGS, AGENT_MAX_FRAME
 from dsec.api.models import ExecEvent, ExecRequest, ExecResult
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
@@ -62,7 +63,23 @@ def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> Spawn
     env.update(req.env)
     uid, gid = resolve_user(backend.files(rec), req.user or rec.runtime.get("image_user", "root"))
     cwd = req.cwd or rec.runtime.get("image_cwd") or "/"
-    return SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background)
+    spawn = SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background)
+    check_spawn(spawn)
+    return spawn
+
+
+def check_spawn(spawn: SpawnRequest) -> None:
+    """Refuse, naming the limit, a spawn the agent would refuse by dropping the connection
+    (which would read as a stopped sandbox): the image's env adds to the caller's, and
+    every byte outside printable ASCII grows sixfold in the agent's frame."""
+    if len(spawn.env) > AGENT_MAX_ARGS:
+        raise InvalidArgument(f"the command's environment has {len(spawn.env)} entries with "
+                              f"the image's and the sandbox's; the agent takes at most "
+                              f"{AGENT_MAX_ARGS}: pass fewer env entries")
+    if (size := len(spawn.encode())) > AGENT_MAX_FRAME:
+        raise InvalidArgument(f"the command, its env and cwd encode to {size} bytes for the "
+                              f"in-sandbox agent, which takes at most {AGENT_MAX_FRAME}: "
+                              "shorten them, or pass data through stdin or a file")
 
 
 async def exec_events(backend: Backend, rec: SandboxRecord,

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from dsec.api import limits
 from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
                              Unsupported)
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
@@ -64,6 +65,7 @@ class NodeService:
     @classmethod
     async def open(cls, config: NodeConfig) -> NodeService:
         from dsec.node.backends.registry import make_backends
+        limits.configure(config.limits)  # the wire models of this process check these
         store = NodeStore(config.state_dir / "node.db")
         (config.state_dir / "sandboxes").mkdir(mode=0o700, exist_ok=True)  # specs, sockets
         node_id = store.meta("node_id")
@@ -229,18 +231,19 @@ class NodeService:
             async with self._start_sem:
                 rec.runtime = await self.backends[spec.backend].start(rec)
                 await self.network.attach(rec, list(self.records.values()))
+            rec.state = "running"
+            self.store.put(rec)  # inside: a sandbox not recorded is not left running
         except BaseException as exc:
             self.records.pop(rec.id, None)
-            if rec.runtime:  # started, then its network failed
+            if rec.runtime:  # started, then its network (or its record) failed
                 await self.backends[spec.backend].stop(rec)
+                self.store.delete(rec.id)
             metrics.CREATE_FAILURES.labels(spec.backend).inc()
             if isinstance(exc, DSecError):
                 raise
             raise Capacity(f"could not start sandbox: {exc}") from exc
         finally:
             self._creating -= 1
-        rec.state = "running"
-        self.store.put(rec)
         metrics.CREATIONS.labels(spec.backend).inc()
         metrics.CREATE_SECONDS.labels(spec.backend).observe(time.perf_counter() - t0)
         return self.info(rec)
