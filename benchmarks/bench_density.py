@@ -142,7 +142,7 @@ async def main(quick: bool, count_arg: int | None) -> None:
         ["cgroup memory usage per sandbox (sum / N)", f"{mib(usage / count)} MiB"
          if count else "—"],
         ["… of which anonymous (rss)", f"{mib(rss / count)} MiB" if count else "—"],
-        ["PSS of the sandbox processes per sandbox (tini + agent)",
+        ["PSS of the sandbox processes per sandbox (the agent)",
          f"{mib(pss_total / count)} MiB ({len(procs)} processes)" if count else "—"],
         ["kernel slab growth per sandbox", f"{mib((after['slab'] - before['slab']) / count)} MiB"
          if count else "—"],

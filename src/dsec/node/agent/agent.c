@@ -18,15 +18,40 @@
  *                     'X' exit "code signal", 'F' failure message, 'A' pong
  * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
  * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
- * "rows":N, "cols":N, "detach":0|1}. A detached command gets /dev/null for stdio and
+ * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1}. A detached command gets /dev/null for stdio and
  * outlives the connection: the agent answers 'P' and closes. Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
  *
- * Usage:  dsec-agent serve-fd N        accept on an inherited listening socket (containers)
- *         dsec-agent serve-unix PATH   listen on a unix socket
- *         dsec-agent serve-tcp PORT    listen on 0.0.0.0:PORT
- *         dsec-agent serve-serial DEV  many connections over one virtio-serial port (guests;
- *                                      see serve_serial below)
+ * Usage:  dsec-agent [--confine BPF] serve-fd N   accept on an inherited listening socket
+ *                                                 (containers: the agent is the init)
+ *         dsec-agent serve-unix PATH             listen on a unix socket (tests' fake backend)
+ *         dsec-agent [--confine BPF] serve-serial DEV   many connections over one
+ *                                      virtio-serial port (guests; see serve_serial below)
+ *         dsec-agent --confine BPF run ARGV... exec ARGV confined as a command would be
+ *                                      (a vm's console shell, which init starts)
  *         dsec-agent pause             sleep forever (placeholder main process)
+ * "unconfined" is for the node's own housekeeping in a guest (hostname, clock, reading
+ * overlay xattrs to pack a layer); only the node can send a spawn request at all.
+ *
+ * Out of reach of the commands it starts (they are root in the sandbox, with its capability
+ * set). Why each part is needed, and what it stops:
+ *   - One process. Every connection is served by a thread of the agent, never by a forked
+ *     helper, and the agent is the pid namespace's init (a container's pid 1; a microvm's
+ *     init; a vm's agent starts in a pid namespace of its own). The kernel drops every
+ *     signal a process of the namespace sends to its init unless the init handles it, and
+ *     the agent handles none (SIGCHLD is blocked and read from a signalfd): no command can
+ *     kill, stop or interrupt the agent or a relay in progress.
+ *   - Not dumpable (PR_SET_DUMPABLE 0, inherited by the threads, reset by each command's
+ *     execve). Without CAP_SYS_PTRACE, which no sandbox process has, the kernel then refuses
+ *     /proc/<agent>/mem, /proc/<agent>/fd, ptrace, process_vm_readv/writev and pidfd_getfd:
+ *     the listening socket and the node's connections cannot be inspected or taken. The
+ *     seccomp allowlist refuses those calls to every sandbox process as a second wall.
+ *   - Every descriptor the agent opens is close-on-exec from the start (pty masters too), so
+ *     a command forked by one thread never inherits another command's pipes or pty.
+ *   - --confine BPF (guests, where no runc confines the commands): each command gets the
+ *     container capability set (no CAP_SYS_PTRACE, CAP_SYS_ADMIN, module or raw-I/O
+ *     capabilities), no_new_privs, and the same seccomp allowlist as a container's.
+ * Frames are written by the agent alone; a command's output is only ever payload, so no
+ * command can forge an exit code or end its output early.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -34,15 +59,19 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <netinet/in.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
-#include <pty.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -52,6 +81,22 @@
 
 #define MAX_FRAME (1 << 20)
 #define MAX_ARGS 4096
+#define THREAD_STACK (512 * 1024)
+
+#ifndef __WNOTHREAD
+#define __WNOTHREAD 0x20000000
+#endif
+
+static const char PIDS_FULL[] = "the sandbox's process limit (pids) is reached";
+
+/* --confine: the seccomp program and capability set every command gets (guests). */
+static struct sock_fprog confine_prog;
+static int confining;
+/* Docker's default capability set minus NET_RAW and MKNOD, as for containers (oci.py). */
+static const int KEEP_CAPS[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FSETID, CAP_FOWNER, CAP_SETGID, CAP_SETUID, CAP_SETFCAP,
+    CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE,
+};
 
 static int write_all(int fd, const void *buf, size_t n) {
     const char *p = buf;
@@ -124,8 +169,15 @@ struct spawn {
     char *argv[MAX_ARGS + 1];
     char *env[MAX_ARGS + 1];
     char *cwd;
-    long uid, gid, pty, rows, cols, detach;
+    long uid, gid, pty, rows, cols, detach, unconfined;
 };
+
+static void free_spawn(struct spawn *sp) {
+    for (int i = 0; sp->argv[i]; i++) free(sp->argv[i]);
+    for (int i = 0; sp->env[i]; i++) free(sp->env[i]);
+    free(sp->cwd);
+    free(sp);
+}
 
 static const char *skip_ws(const char *p) {
     while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
@@ -135,28 +187,40 @@ static const char *skip_ws(const char *p) {
 static const char *parse_string(const char *p, char **out) {
     size_t cap = 64, n = 0;
     char *s = malloc(cap);
-    if (*p != '"' || !s) return NULL;
+    if (*p != '"' || !s) {
+        free(s);
+        return NULL;
+    }
     p++;
     while (*p && *p != '"') {
         char c = *p++;
         if (c == '\\') {
+            if (!*p) break;
             char e = *p++;
             if (e == 'n') c = '\n';
             else if (e == 't') c = '\t';
             else if (e == 'r') c = '\r';
             else if (e == 'u') {
+                if (!p[0] || !p[1] || !p[2] || !p[3]) break;
                 c = (char)strtol((char[]){p[0], p[1], p[2], p[3], 0}, NULL, 16);
                 p += 4;
             } else c = e;
         }
         if (n + 2 > cap) {
+            char *t = realloc(s, cap * 2);
+            if (!t) {
+                free(s);
+                return NULL;
+            }
+            s = t;
             cap *= 2;
-            s = realloc(s, cap);
-            if (!s) return NULL;
         }
         s[n++] = c;
     }
-    if (*p != '"') return NULL;
+    if (*p != '"') {
+        free(s);
+        return NULL;
+    }
     s[n] = 0;
     *out = s;
     return p + 1;
@@ -189,7 +253,10 @@ static int parse_spawn(const char *p, struct spawn *sp) {
         if (*p == '}') break;
         if (!(p = parse_string(p, &key))) return -1;
         p = skip_ws(p);
-        if (*p++ != ':') return -1;
+        if (*p++ != ':') {
+            free(key);
+            return -1;
+        }
         p = skip_ws(p);
         if (!strcmp(key, "argv")) p = parse_str_array(p, sp->argv);
         else if (!strcmp(key, "env")) p = parse_str_array(p, sp->env);
@@ -197,7 +264,10 @@ static int parse_spawn(const char *p, struct spawn *sp) {
         else {
             char *end;
             long v = strtol(p, &end, 10);
-            if (end == p) return -1;
+            if (end == p) {
+                free(key);
+                return -1;
+            }
             p = end;
             if (!strcmp(key, "uid")) sp->uid = v;
             else if (!strcmp(key, "gid")) sp->gid = v;
@@ -205,6 +275,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
             else if (!strcmp(key, "rows")) sp->rows = v;
             else if (!strcmp(key, "cols")) sp->cols = v;
             else if (!strcmp(key, "detach")) sp->detach = v;
+            else if (!strcmp(key, "unconfined")) sp->unconfined = v;
         }
         free(key);
         if (!p) return -1;
@@ -215,6 +286,28 @@ static int parse_spawn(const char *p, struct spawn *sp) {
 }
 
 /* ---- running one command ---- */
+
+/* What --confine gives each command: the container capability set, no_new_privs, seccomp. */
+static int confine(void) {
+    uint64_t keep = 0;
+    for (size_t i = 0; i < sizeof KEEP_CAPS / sizeof KEEP_CAPS[0]; i++) keep |= 1ULL << KEEP_CAPS[i];
+    for (int cap = 0; cap <= 63; cap++)
+        if (!(keep >> cap & 1) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            return -1;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    if (syscall(SYS_capget, &hdr, data) < 0) return -1;
+    for (int i = 0; i < 2; i++) {
+        uint32_t k = (uint32_t)(keep >> (32 * i));
+        data[i].effective &= k;
+        data[i].permitted &= k;
+        data[i].inheritable &= k;
+    }
+    if (syscall(SYS_capset, &hdr, data) < 0) return -1;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &confine_prog);
+}
 
 static void child_exec(struct spawn *sp, int errfd) {
     char msg[512];
@@ -231,8 +324,14 @@ static void child_exec(struct spawn *sp, int errfd) {
         write_all(errfd, msg, strlen(msg));
         _exit(126);
     }
+    if (sp->uid < 0 || sp->uid > 0xfffffffeL || sp->gid < 0 || sp->gid > 0xfffffffeL) _exit(126);
     if (sp->gid && (setgroups(0, NULL) < 0 || setgid((gid_t)sp->gid) < 0)) _exit(126);
     if (sp->uid && setuid((uid_t)sp->uid) < 0) _exit(126);
+    if (confining && !sp->unconfined && confine() < 0) {
+        snprintf(msg, sizeof msg, "dsec: confining the command: %s\n", strerror(errno));
+        write_all(errfd, msg, strlen(msg));
+        _exit(126);
+    }
     if (sp->env[0]) environ = sp->env;
     execvp(sp->argv[0], sp->argv);
     code = (errno == ENOENT) ? 127 : 126;
@@ -244,12 +343,14 @@ static void child_exec(struct spawn *sp, int errfd) {
 
 /* Sends sig to every descendant of root, found through /proc's parent links. */
 static void signal_descendants(pid_t root, int sig) {
-    static pid_t ppid_of[1 << 16];
-    pid_t pids[4096];
+    pid_t *ppid_of = calloc(1 << 16, sizeof *ppid_of), pids[4096];
     int n = 0;
-    DIR *d = opendir("/proc");
+    DIR *d = ppid_of ? opendir("/proc") : NULL;
     struct dirent *e;
-    if (!d) return;
+    if (!d) {
+        free(ppid_of);
+        return;
+    }
     while ((e = readdir(d)) && n < 4096) {
         pid_t p = (pid_t)atoi(e->d_name);
         char path[64], buf[512];
@@ -275,6 +376,7 @@ static void signal_descendants(pid_t root, int sig) {
             a = (a < (1 << 16)) ? ppid_of[a] : 0;
         }
     }
+    free(ppid_of);
 }
 
 static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
@@ -387,42 +489,82 @@ static void linger(int conn) {
     }
 }
 
+/* A pty whose master is close-on-exec from its first instant: forkpty's is not, and a
+ * command forked meanwhile by another thread would inherit this session's terminal. */
+static int open_pty(struct spawn *sp, char *slave, size_t n) {
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (m < 0) return -1;
+    struct winsize ws = {.ws_row = (unsigned short)sp->rows, .ws_col = (unsigned short)sp->cols};
+    if (grantpt(m) < 0 || unlockpt(m) < 0 || ptsname_r(m, slave, n) != 0 ||
+        ioctl(m, TIOCSWINSZ, &ws) < 0) {
+        close(m);
+        return -1;
+    }
+    return m;
+}
+
+static void fail_errno(int conn) {
+    send_text(conn, 'F', errno == EAGAIN ? PIDS_FULL : strerror(errno));
+}
+
+/* Runs one connection: one command, or a ping. The caller closes conn. */
 static void handle(int conn) {
     char *payload = NULL;
     uint32_t len;
     int type = recv_frame(conn, &payload, &len);
     if (type == 'Q') {
+        free(payload);
         send_text(conn, 'A', "pong");
         return;
     }
-    struct spawn sp;
-    if (type != 'S' || parse_spawn(payload, &sp) < 0) {
+    struct spawn *sp = malloc(sizeof *sp);
+    if (!sp || type != 'S' || parse_spawn(payload, sp) < 0) {
+        free(payload);
+        if (sp) free_spawn(sp);
         send_text(conn, 'F', "bad spawn request");
         return;
     }
+    free(payload);
     int in_p[2], out_p[2], err_p[2], master = -1;
+    char slave[128];
     pid_t pid;
-    if (sp.detach) {
+    if (sp->detach) {
         pid = fork();
         if (pid == 0) {
             int nul = open("/dev/null", O_RDWR);
             dup2(nul, 0);
             dup2(nul, 1);
             dup2(nul, 2);
-            child_exec(&sp, 2);
+            child_exec(sp, 2);
         }
         char msg[32];
         snprintf(msg, sizeof msg, "%d", (int)pid);
-        send_text(conn, pid < 0 ? 'F' : 'P', pid < 0 ? strerror(errno) : msg);
+        if (pid < 0) fail_errno(conn);
+        else send_text(conn, 'P', msg);
+        free_spawn(sp);
         return;
     }
-    if (sp.pty) {
-        struct winsize ws = {.ws_row = (unsigned short)sp.rows, .ws_col = (unsigned short)sp.cols};
-        pid = forkpty(&master, NULL, NULL, &ws);
-        if (pid == 0) child_exec(&sp, 2);
+    if (sp->pty) {
+        if ((master = open_pty(sp, slave, sizeof slave)) < 0) {
+            fail_errno(conn);
+            free_spawn(sp);
+            return;
+        }
+        pid = fork();
+        if (pid == 0) {
+            setsid();
+            int s = open(slave, O_RDWR); /* a session leader's first tty: its controlling one */
+            if (s < 0) _exit(126);
+            dup2(s, 0);
+            dup2(s, 1);
+            dup2(s, 2);
+            if (s > 2) close(s);
+            child_exec(sp, 2);
+        }
     } else {
         if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC)) {
-            send_text(conn, 'F', strerror(errno));
+            fail_errno(conn);
+            free_spawn(sp);
             return;
         }
         pid = fork();
@@ -430,50 +572,93 @@ static void handle(int conn) {
             dup2(in_p[0], 0);
             dup2(out_p[1], 1);
             dup2(err_p[1], 2);
-            child_exec(&sp, 2);
+            child_exec(sp, 2);
         }
         close(in_p[0]);
         close(out_p[1]);
         close(err_p[1]);
+        if (pid < 0) {
+            close(in_p[1]);
+            close(out_p[0]);
+            close(err_p[0]);
+        }
     }
+    int is_pty = (int)sp->pty;
+    free_spawn(sp);
     if (pid < 0) {
-        send_text(conn, 'F', strerror(errno));
+        fail_errno(conn);
+        if (master >= 0) close(master);
         return;
     }
     char msg[32];
     snprintf(msg, sizeof msg, "%d", (int)pid);
     send_text(conn, 'P', msg);
     /* One fd for a pty: polled once, else the second read of the same readiness blocks. */
-    int ok = sp.pty ? relay(conn, pid, master, master, -1)
+    int ok = is_pty ? relay(conn, pid, master, master, -1)
                     : relay(conn, pid, in_p[1], out_p[0], err_p[0]);
     if (ok == 0) linger(conn);
 }
 
-static void reap(int sig) {
-    (void)sig;
-    int saved = errno;
-    while (waitpid(-1, NULL, WNOHANG) > 0) {}
-    errno = saved;
+static void *conn_thread(void *arg) {
+    int conn = (int)(intptr_t)arg;
+    handle(conn);
+    close(conn);
+    return NULL;
+}
+
+/* Serves conn on a thread of its own; when none can be made (the sandbox's process limit
+ * counts threads too) the caller hears why instead of a dropped connection. */
+static void spawn_thread(int conn) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, THREAD_STACK);
+    int rc = pthread_create(&t, &attr, conn_thread, (void *)(intptr_t)conn);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        send_text(conn, 'F', rc == EAGAIN ? PIDS_FULL : strerror(rc));
+        close(conn);
+    }
+}
+
+/* Orphans re-parented to the agent (the init) are reaped here. __WNOTHREAD: only the main
+ * thread's children, so the exit status of a command its relay thread waits for is never
+ * taken from it. */
+static void reap_orphans(int sfd) {
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == sizeof si) {}
+    while (waitpid(-1, NULL, WNOHANG | __WNOTHREAD) > 0) {}
+}
+
+/* The agent's own hardening, before it serves anything (see the top of this file). */
+static int harden(void) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL); /* inherited by threads; commands reset theirs */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    return signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
 static int serve(int lfd) {
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGCHLD, reap);
+    int sfd = harden();
+    fcntl(lfd, F_SETFD, FD_CLOEXEC);
     for (;;) {
+        struct pollfd pf[2] = {{lfd, POLLIN, 0}, {sfd, POLLIN, 0}};
+        if (poll(pf, 2, -1) < 0) continue;
+        if (pf[1].revents) reap_orphans(sfd);
+        if (!(pf[0].revents & POLLIN)) continue;
         int conn = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (conn < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) { sleep(1); continue; }
             return 1;
         }
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(lfd);
-            signal(SIGCHLD, SIG_DFL);
-            handle(conn);
-            _exit(0);
-        }
-        close(conn);
+        spawn_thread(conn);
     }
 }
 
@@ -537,21 +722,16 @@ static void chan_open(uint32_t id) {
         mux_send('r', id, NULL, 0);
         return;
     }
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(serial_fd);
-        for (int i = 0; i < MUX_MAX; i++)
-            if (chans[i].fd >= 0) close(chans[i].fd);
-        close(sv[0]);
-        signal(SIGCHLD, SIG_DFL);
-        handle(sv[1]);
-        _exit(0);
-    }
-    close(sv[1]);
-    if (pid < 0) {
-        close(sv[0]);
-        mux_send('r', id, NULL, 0);
-        return;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, THREAD_STACK);
+    int rc = pthread_create(&t, &attr, conn_thread, (void *)(intptr_t)sv[1]);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) { /* the node reads why on the channel, then its end */
+        send_text(sv[1], 'F', rc == EAGAIN ? PIDS_FULL : strerror(rc));
+        close(sv[1]);
     }
     fcntl(sv[0], F_SETFL, O_NONBLOCK);
     c->id = id;
@@ -647,8 +827,7 @@ static int serve_serial(const char *dev) {
     static char hello[17];
     size_t have = 0;
     int hunting = 1; /* until a hello: skip bytes that are not one */
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGCHLD, reap);
+    int sfd = harden();
     for (int i = 0; i < MUX_MAX; i++) chans[i].fd = -1;
     hello[0] = 'H';
     uint32_t z = 0, eight = htonl(8);
@@ -657,11 +836,14 @@ static int serve_serial(const char *dev) {
     memcpy(hello + 9, MUX_MAGIC, 8);
     serial_fd = open(dev, O_RDWR | O_CLOEXEC);
     if (serial_fd < 0) return 1;
-    struct pollfd pf[MUX_MAX + 1];
-    struct chan *pc[MUX_MAX + 1];
+    struct pollfd pf[MUX_MAX + 2];
+    struct chan *pc[MUX_MAX + 2];
     for (;;) {
         int n = 0;
         pf[n].fd = serial_fd;
+        pf[n].events = POLLIN;
+        pc[n++] = NULL;
+        pf[n].fd = sfd;
         pf[n].events = POLLIN;
         pc[n++] = NULL;
         for (int i = 0; i < MUX_MAX; i++) {
@@ -675,8 +857,9 @@ static int serve_serial(const char *dev) {
             pf[n].events = ev;
             pc[n++] = c;
         }
-        if (poll(pf, (nfds_t)n, -1) < 0) continue; /* EINTR: a child was reaped */
-        for (int k = 1; k < n; k++) {
+        if (poll(pf, (nfds_t)n, -1) < 0) continue;
+        if (pf[1].revents) reap_orphans(sfd);
+        for (int k = 2; k < n; k++) {
             struct chan *c = pc[k];
             if (c->fd < 0 || !pf[k].revents) continue;
             if (pf[k].revents & POLLOUT) chan_flush(c);
@@ -738,13 +921,44 @@ static int serve_serial(const char *dev) {
     }
 }
 
+/* Reads the seccomp program (raw struct sock_filter array) commands are confined with. */
+static int load_confinement(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    static struct sock_filter prog[BPF_MAXINSNS];
+    ssize_t n = read(fd, prog, sizeof prog);
+    close(fd);
+    if (n <= 0 || n % (ssize_t)sizeof prog[0]) return -1;
+    confine_prog.len = (unsigned short)(n / (ssize_t)sizeof prog[0]);
+    confine_prog.filter = prog;
+    confining = 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "pause")) {
         for (;;) pause();
     }
+    if (argc >= 3 && !strcmp(argv[1], "--confine")) {
+        if (load_confinement(argv[2]) < 0) {
+            fprintf(stderr, "dsec-agent: cannot read seccomp program %s\n", argv[2]);
+            return 1;
+        }
+        argv += 2;
+        argc -= 2;
+    }
+    if (argc >= 3 && !strcmp(argv[1], "run")) {
+        if (confining && confine() < 0) {
+            perror("dsec-agent: confining");
+            return 126;
+        }
+        execvp(argv[2], argv + 2);
+        perror(argv[2]);
+        return 127;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: dsec-agent serve-fd N | serve-unix PATH | serve-tcp PORT | "
-                        "serve-serial DEV | pause\n");
+        fprintf(stderr, "usage: dsec-agent [--confine BPF] serve-fd N | serve-serial DEV | "
+                        "serve-unix PATH | pause\n");
         return 2;
     }
     int lfd = -1;
@@ -757,12 +971,6 @@ int main(int argc, char **argv) {
         strncpy(a.sun_path, argv[2], sizeof a.sun_path - 1);
         unlink(argv[2]);
         lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0) return 1;
-    } else if (!strcmp(argv[1], "serve-tcp")) {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
-        int one = 1;
-        lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (bind(lfd, (struct sockaddr *)&a, sizeof a) < 0 || listen(lfd, 128) < 0) return 1;
     } else {
         return 2;

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 __all__ = ["AgentConnector", "AgentProcess", "AgentGone", "SpawnRequest", "unix_connector",
-           "tcp_connector", "ping"]
+           "ping"]
 
 HEADER = struct.Struct(">BII")
 MAX_FRAME = 1 << 20
@@ -39,6 +39,7 @@ class SpawnRequest:
     rows: int = 24
     cols: int = 80
     detach: bool = False
+    unconfined: bool = False  # guests only: the node's own housekeeping, never a user's exec
 
     def encode(self) -> bytes:
         body = {
@@ -51,6 +52,7 @@ class SpawnRequest:
             "rows": self.rows,
             "cols": self.cols,
             "detach": int(self.detach),
+            "unconfined": int(self.unconfined),
         }
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to
         # single bytes, so non-ASCII argv is sent pre-encoded as latin-1 code points.
@@ -78,13 +80,6 @@ def unix_connector(path: str) -> AgentConnector:
             return await asyncio.open_unix_connection(short, limit=MAX_FRAME * 2)
         finally:
             os.close(dirfd)
-
-    return connect
-
-
-def tcp_connector(host: str, port: int) -> AgentConnector:
-    async def connect():
-        return await asyncio.open_connection(host, port, limit=MAX_FRAME * 2)
 
     return connect
 

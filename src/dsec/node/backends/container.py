@@ -4,9 +4,10 @@ Per sandbox, under ``<state>/sandboxes/<id>/``:
   rw/       a tmpfs sized ``disk_mb``: the overlay's upper and work dirs (the disk limit)
   rootfs/   the overlay: the image's layer mounts (shared, read-only) + rw/upper
   config.json, runc.log
-The sandbox's main process is ``tini -- dsec-agent serve-fd 3``; the agent's listening
-socket is created by the node, bound at ``agent.sock`` and handed over as fd 3, so the node
-can be killed and restarted while the agent keeps serving.
+The sandbox's main process, its pid 1, is ``dsec-agent serve-fd 3``: being the namespace's
+init is what makes it immune to signals from the commands it starts (see agent.c). Its
+listening socket is created by the node, bound at ``agent.sock`` and handed over as fd 3, so
+the node can be killed and restarted while the agent keeps serving.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from dsec.node.agent.client import AgentConnector, ping, unix_connector
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts
+from dsec.node.host.charged import Charge
 from dsec.node.host.oci import ContainerConfig, build_config
 from dsec.node.host.rooted import RootedFiles
 
 __all__ = ["ContainerBackend"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-TINI = "/usr/bin/tini-static"
 
 
 class ContainerBackend:
@@ -99,13 +100,13 @@ class ContainerBackend:
         return build_config(ContainerConfig(
             hostname=rec.id,
             rootfs=str(d / "rootfs"),
-            args=["/.dsec/tini", "-s", "-g", "--", "/.dsec/agent", "serve-fd", "3"],
+            args=["/.dsec/agent", "serve-fd", "3"],
             env=[f"{k}={v}" for k, v in env.items()],
             cgroups_path=self.cgroup_path(rec.id),
             cpu=rec.spec.cpu,
             memory_mb=rec.spec.memory_mb,
             pids=rec.spec.pids,
-            binds=[(TINI, "/.dsec/tini"), (str(self.agent_binary), "/.dsec/agent")],
+            binds=[(str(self.agent_binary), "/.dsec/agent")],
         ))
 
     @staticmethod
@@ -257,7 +258,9 @@ class ContainerBackend:
         return unix_connector(str(self.sandbox_dir(rec.id) / "agent.sock"))
 
     def files(self, rec: SandboxRecord) -> FileOps:
-        return RootedFiles(str(self.sandbox_dir(rec.id) / "rootfs"))
+        charge = Charge(self.cgroups, self.cgroup_path(rec.id), rec.spec.memory_mb,
+                        rec.spec.disk_mb)
+        return RootedFiles(str(self.sandbox_dir(rec.id) / "rootfs"), charge)
 
     def oom_kills(self, rec: SandboxRecord) -> int:
         return self.cgroups.oom_kills(self.cgroup_path(rec.id))

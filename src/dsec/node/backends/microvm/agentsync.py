@@ -18,14 +18,16 @@ class SyncCommand:
     """One command started through the agent; read its events with :meth:`next_event`."""
 
     def __init__(self, connect: Callable[[], socket.socket], argv: list[str],
-                 env: dict[str, str] | None = None, timeout: float = 600.0) -> None:
+                 env: dict[str, str] | None = None, timeout: float = 600.0,
+                 unconfined: bool = False) -> None:
         try:
             self.sock = connect()
         except OSError as exc:
             raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
         self.sock.settimeout(timeout)
         self.exit_code: int | None = None
-        self._send(b"S", SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}).encode())
+        req = SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}, unconfined=unconfined)
+        self._send(b"S", req.encode())
         kind, payload = self._recv()
         if kind != b"P":
             self.close()

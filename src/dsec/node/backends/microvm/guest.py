@@ -11,6 +11,7 @@ second call is a lookup and a changed input gives a new directory::
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import os
@@ -131,6 +132,7 @@ def _inputs_key(kver: str, kernel: Path, mods: list[Path]) -> str:
     h.update(AGENT_SOURCE.read_bytes())
     h.update(OPAQUE_SOURCE.read_bytes())
     h.update(INIT_SCRIPT.encode())
+    h.update(confinement_program())
     return f"{kver}-{h.hexdigest()[:12]}"
 
 
@@ -175,6 +177,15 @@ def _compile_static(src: Path, out: Path) -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def confinement_program() -> bytes:
+    """The seccomp program (raw BPF) the guest's agent confines every command with: the
+    same allowlist and capability set as a container's, since no runc runs in a guest."""
+    from dsec.node.host.oci import CAPABILITIES
+    from dsec.node.host.seccomp import compile_bpf, sandbox_filter
+    return compile_bpf(sandbox_filter(CAPABILITIES))
+
+
 def _initramfs(agent: Path, opaque: Path, modules: list[tuple[str, Path]]) -> bytes:
     c = _Cpio()
     for d in ["bin", "dev", "etc", "lib", "lib/modules", "proc", "sys", "tmp", "newroot"]:
@@ -185,6 +196,7 @@ def _initramfs(agent: Path, opaque: Path, modules: list[tuple[str, Path]]) -> by
         c.symlink(f"bin/{applet}", "busybox")
     c.file("bin/dsec-agent", agent.read_bytes(), 0o755)
     c.file("bin/dsec-opaque", opaque.read_bytes(), 0o755)
+    c.file("etc/dsec-seccomp.bpf", confinement_program(), 0o644)
     for name, path in modules:
         c.file(f"lib/modules/{name}.ko", path.read_bytes())
     c.file("etc/dsec-modules", "".join(f"{n}\n" for n, _ in modules).encode())

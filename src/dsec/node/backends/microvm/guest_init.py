@@ -62,7 +62,8 @@ mount -t overlay overlay \
 for d in proc sys dev tmp .dsec; do mkdir -p /newroot/$d; done
 mount -t tmpfs -o size=8m,mode=0755 dsec /newroot/.dsec
 cp /bin/dsec-agent /newroot/.dsec/agent && cp /bin/busybox /newroot/.dsec/busybox \
-  && cp /bin/dsec-opaque /newroot/.dsec/opaque || fail "copy agent"
+  && cp /bin/dsec-opaque /newroot/.dsec/opaque \
+  && cp /etc/dsec-seccomp.bpf /newroot/.dsec/seccomp.bpf || fail "copy agent"
 # The writable disk stays reachable: pack_diff reads the upper dir there, via the agent.
 mkdir -p /newroot/.dsec/rw && mount --move /rw /newroot/.dsec/rw
 mount -o remount,ro /newroot/.dsec
@@ -85,5 +86,5 @@ agent_port() {  # the virtio-serial port named dsec.agent (ports appear asynchro
 i=0; while [ $i -lt 50 ] && ! agent_port >/dev/null; do sleep 0.1; i=$((i+1)); done
 port=$(agent_port) || fail "no agent port (virtio-serial dsec.agent)"
 echo "dsec-init: agent on $port"
-exec switch_root /newroot /.dsec/agent serve-serial $port
+exec switch_root /newroot /.dsec/agent --confine /.dsec/seccomp.bpf serve-serial $port
 """

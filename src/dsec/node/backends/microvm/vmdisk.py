@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from dsec.api.errors import Internal
-from dsec.node.backends.microvm.guest import BUSYBOX, GuestArtifacts
+from dsec.node.backends.microvm.guest import BUSYBOX, GuestArtifacts, confinement_program
 
 __all__ = ["build_vm_disk", "MBR_CANDIDATES"]
 
@@ -34,7 +34,9 @@ $B ip route add default via 10.0.2.2 2>/dev/null
 $B mountpoint -q /sys || $B mount -t sysfs sysfs /sys
 for i in $($B seq 50); do
   for p in /sys/class/virtio-ports/*; do
-    [ "$($B cat $p/name 2>/dev/null)" = dsec.agent ] && exec /.dsec/agent serve-serial /dev/${p##*/}
+    # the agent is the init of a pid namespace of its own: its commands cannot signal it
+    [ "$($B cat $p/name 2>/dev/null)" = dsec.agent ] && exec $B unshare -m -p -f --mount-proc \
+      /.dsec/agent --confine /.dsec/seccomp.bpf serve-serial /dev/${p##*/}
   done
   $B sleep 0.1
 done
@@ -46,7 +48,7 @@ INITTAB = """::sysinit:/.dsec/busybox mount -t proc proc /proc
 ::sysinit:/.dsec/busybox mkdir -p /dev/pts /tmp
 ::sysinit:/.dsec/busybox mount -t devpts devpts /dev/pts
 ::respawn:/.dsec/agent-up
-tty1::respawn:/.dsec/busybox sh -l
+tty1::respawn:/.dsec/agent --confine /.dsec/seccomp.bpf run /.dsec/busybox sh -l
 ::ctrlaltdel:/.dsec/busybox poweroff -f
 """
 
@@ -93,6 +95,7 @@ def _stage(root: Path, art: GuestArtifacts, agent: Path, kernel_args: str) -> No
     shutil.copyfile(agent, root / ".dsec/agent")
     shutil.copyfile(BUSYBOX, root / ".dsec/busybox")
     (root / ".dsec/agent-up").write_text(AGENT_UP)
+    (root / ".dsec/seccomp.bpf").write_bytes(confinement_program())
     for f in ("agent", "busybox", "agent-up"):
         os.chmod(root / ".dsec" / f, 0o755)
     if not os.path.lexists(root / "sbin/init"):
@@ -116,7 +119,7 @@ def build_vm_disk(out_dir: Path, lowerdirs: list[Path], key_parts: list[str],
     if mbr is None or shutil.which("extlinux") is None:
         raise Internal("the vm backend needs extlinux: apt-get install extlinux syslinux-common")
     key = hashlib.sha256("|".join([*key_parts, str(art.initrd), kernel_args, str(size_mb),
-                                   AGENT_UP]).encode()).hexdigest()[:16]
+                                   AGENT_UP, INITTAB]).encode()).hexdigest()[:16]
     disk = Path(out_dir) / f"{key}.qcow2"
     if disk.exists():
         return disk
