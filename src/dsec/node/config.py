@@ -10,6 +10,7 @@ from dsec.api.limits import RequestLimits
 from dsec.images.sources import RemoteConfig
 from dsec.node.backends.microvm.config import MicroVMConfig
 from dsec.placement.admission import AdmissionPolicy
+from dsec.trajectory.retention import TrajectoryRetention
 
 __all__ = ["NodeConfig", "default_state_dir"]
 
@@ -38,6 +39,9 @@ class NodeConfig(BaseModel):
         None, description="a remote layer store (e.g. another dsec server's /v1/blobs) that "
                           "this node loads layers from on demand")
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    trajectory: TrajectoryRetention = Field(
+        default_factory=TrajectoryRetention,
+        description="how long the trajectory log keeps stopped sandboxes' logs")
     guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
                                   description="settings of the microvm and vm backends")
     limits: RequestLimits = Field(default_factory=RequestLimits,

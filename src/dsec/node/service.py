@@ -76,6 +76,7 @@ class NodeService:
         node = cls(config, backends, store, node_id)
         await node._recover()
         node._reaper = asyncio.create_task(node._reap_forever())
+        node.trajectory.start_pruning(config.trajectory, node.records.__contains__)
         if node.pool.targets:
             node._filler = asyncio.create_task(
                 node.pool.fill_forever(node._start_pooled, lambda: node._creating > 0))
@@ -300,6 +301,7 @@ class NodeService:
         finally:
             self.records.pop(sb_id, None)
             self.store.delete(sb_id)
+            self.trajectory.ended(sb_id)
 
     async def pause(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)

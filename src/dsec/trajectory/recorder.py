@@ -11,6 +11,7 @@ import asyncio
 import base64
 import functools
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -21,10 +22,12 @@ from dsec.api.errors import TrajectoryDiverged
 from dsec.api.models import ExecEvent, ExecResult, FileInfo
 from dsec.trajectory.log import TrajectoryLog
 from dsec.trajectory.replay import KeyIndex, decide, fingerprint
+from dsec.trajectory.retention import TrajectoryRetention
 
 __all__ = ["Recorder", "FileWriteTap", "recorded", "recorded_stream", "MAX_LOGGED_CONTENT"]
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("dsec.trajectory")
 MAX_LOGGED_CONTENT = 1 << 20  # file writes up to this size keep their bytes in the log
 
 
@@ -35,9 +38,35 @@ class Recorder:
         self.log = TrajectoryLog(path)
         self._index: dict[str, KeyIndex] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
+        self._pruner: asyncio.Task | None = None
 
     def close(self) -> None:
+        if self._pruner is not None:
+            self._pruner.cancel()
         self.log.close()
+
+    def ended(self, sb_id: str) -> None:
+        """The sandbox stopped: its log's grace period starts."""
+        self._index.pop(sb_id, None)
+        self.log.ended(sb_id)
+
+    def start_pruning(self, policy: TrajectoryRetention,
+                      is_live: Callable[[str], bool]) -> None:
+        """Apply ``policy`` every ``policy.interval_s``, in a thread, until :meth:`close`."""
+        self._pruner = asyncio.create_task(self._prune_forever(policy, is_live))
+
+    async def _prune_forever(self, policy: TrajectoryRetention,
+                             is_live: Callable[[str], bool]) -> None:
+        while True:
+            await asyncio.sleep(policy.interval_s)
+            try:
+                r = await asyncio.to_thread(self.log.prune, policy, is_live)
+            except Exception:  # the next pass tries again
+                log.exception("trajectory pruning failed")
+                continue
+            if r.pruned:
+                log.info("trajectory: pruned the logs of %d stopped sandboxes (%.1f -> %.1f MiB)",
+                         len(r.pruned), r.bytes_before / (1 << 20), r.bytes_after / (1 << 20))
 
     def index(self, sb_id: str) -> KeyIndex:
         idx = self._index.get(sb_id)
