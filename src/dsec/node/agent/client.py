@@ -13,7 +13,9 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-__all__ = ["AgentConnector", "AgentProcess", "AgentGone", "SpawnRequest", "unix_connector",
+from dsec.api.errors import Conflict
+
+__all__ = ["AgentConnector", "AgentProcess", "AgentGone", "SpawnRequest", "unix_connector", "refusal",
            "ping"]
 
 HEADER = struct.Struct(">BII")
@@ -57,6 +59,19 @@ class SpawnRequest:
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to
         # single bytes, so non-ASCII argv is sent pre-encoded as latin-1 code points.
         return json.dumps(_latin1_safe(body), ensure_ascii=True).encode()
+
+
+PIDS_FULL = b"the sandbox's process limit (pids) is reached"
+
+
+def refusal(payload: bytes):
+    """Raise what an agent's 'F' frame means: a full process table is the sandbox's own
+    doing (409, the sandbox is alive); anything else, the agent could not take it."""
+    text = payload.decode(errors="replace")
+    if payload == PIDS_FULL:
+        raise Conflict(f"{text}: its processes hold every pid it may have; stop some (or "
+                       "create it with a larger pids) and retry")
+    raise AgentGone(f"agent refused the command: {text}")
 
 
 def _latin1_safe(obj):
@@ -109,7 +124,7 @@ class AgentProcess:
         kind, payload = await proc._read_frame()
         if kind == b"F":
             proc.close()
-            raise AgentGone(f"agent refused the command: {payload.decode(errors='replace')}")
+            refusal(payload)
         if kind != b"P":
             proc.close()
             raise AgentGone(f"unexpected agent frame {kind!r}")

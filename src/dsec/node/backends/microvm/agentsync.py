@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from dsec.node.agent.client import HEADER, MAX_FRAME, AgentGone, SpawnRequest
+from dsec.node.agent.client import HEADER, MAX_FRAME, AgentGone, SpawnRequest, refusal
 
 __all__ = ["SyncCommand"]
 
@@ -29,9 +29,12 @@ class SyncCommand:
         req = SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}, unconfined=unconfined)
         self._send(b"S", req.encode())
         kind, payload = self._recv()
+        if kind == b"F":
+            self.close()
+            refusal(payload)
         if kind != b"P":
             self.close()
-            raise AgentGone(f"agent refused the command: {payload[:200]!r}")
+            raise AgentGone(f"unexpected agent frame {kind!r}")
 
     def _send(self, kind: bytes, payload: bytes = b"") -> None:
         try:
