@@ -11,7 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from dsec.cluster.base import Cluster
 from dsec.gateway.auth import BearerAuth
 from dsec.gateway.guard import RequestGuard, install_error_handlers
-from dsec.gateway.routes import files, fncall, jobs, network, sandboxes, streams, trajectory
+from dsec.gateway.routes import (files, fncall, images, jobs, network, sandboxes, streams,
+                                 trajectory)
 from dsec.node import metrics
 
 __all__ = ["create_app"]
@@ -53,6 +54,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> Fast
     app.include_router(jobs.router)
     app.include_router(network.router)
     app.include_router(trajectory.router)
+    app.include_router(images.router)
     _mount_images(app, cluster)
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
     app.add_middleware(BearerAuth, token=token)

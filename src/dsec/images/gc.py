@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["GcPlan", "plan_gc"]
+__all__ = ["GcPlan", "plan_gc", "plan_remove"]
 
 
 class GcPlan(BaseModel):
@@ -29,3 +29,16 @@ def plan_gc(tags: dict[str, str], manifests: dict[str, list[str]], blobs: set[st
     keep_m = {d for d in manifests if d in in_use or d in set(tags.values())}
     keep_l = {lyr for d in keep_m for lyr in manifests[d]} | (in_use & blobs)
     return GcPlan(manifests=sorted(set(manifests) - keep_m), layers=sorted(blobs - keep_l))
+
+
+def plan_remove(digest: str, tags: dict[str, str], manifests: dict[str, list[str]],
+                in_use: set[str]) -> GcPlan:
+    """What goes with an image whose tag was removed: its manifest ``digest``, unless a
+    tag still names it or a sandbox holds it, and those of its layers that no other
+    manifest lists (tagged or not: a build may not have tagged its own yet) and no sandbox
+    holds. Arguments as for :func:`plan_gc`, ``tags`` without the removed one."""
+    if digest in in_use or digest in set(tags.values()):
+        return GcPlan()
+    others = {lyr for d, layers in manifests.items() if d != digest for lyr in layers}
+    mine = set(manifests.get(digest, []))
+    return GcPlan(manifests=[digest], layers=sorted(mine - others - in_use))

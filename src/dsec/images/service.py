@@ -12,7 +12,7 @@ from dsec.api.errors import NotFound
 from dsec.images import authoring, erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
 from dsec.images.build import BuildSpec, StepRunner
-from dsec.images.gc import GcPlan, plan_gc
+from dsec.images.gc import GcPlan, plan_gc, plan_remove
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
@@ -275,24 +275,45 @@ class ImageService:
         in_use = set(in_use or ())
         now = time.time()
         with self.lock.hold():
-            manifests = {}
-            for d in self.store.manifest_digests():
-                try:
-                    manifests[d] = [lr.digest for lr in self.store.get_manifest(d).layers]
-                except Exception:  # corrupt or unreadable: collected like an orphan
-                    manifests[d] = []
+            manifests = self._manifest_layers()
             cached = self.sources.cache.layers()
             plan = plan_gc(self.store.tags(), manifests, self.store.blob_digests() | cached,
                            in_use)
             young = {d for d in [*plan.layers, *plan.manifests] if now - self._mtime(d) < grace_s}
             plan.layers = [d for d in plan.layers if d not in young]
             plan.manifests = [d for d in plan.manifests if d not in young]
-            for d in plan.layers:
-                self.mounts.unmount(d)
-                plan.bytes_freed += self.store.remove_blob(d) + self.sources.cache.remove(d)
-            for d in plan.manifests:
-                (self.store.manifests / d.split(":", 1)[1]).unlink(missing_ok=True)
+            self._delete(plan)
         return plan
+
+    def remove(self, ref: str, in_use: set[str] | None = None) -> GcPlan:
+        """Untag ``ref`` and delete what only it kept: its manifest, unless another tag
+        names it, and its layers that no other manifest lists. ``in_use``: layer or
+        manifest digests live sandboxes hold (kept). NotFound if the tag does not exist."""
+        ref = normalize_ref(ref)
+        with self.lock.hold():
+            digest = self.store.get_tag(ref)
+            if digest is None or not self.store.delete_tag(ref):
+                raise NotFound(f"tag {ref!r} not found")
+            plan = plan_remove(digest, self.store.tags(), self._manifest_layers(),
+                               set(in_use or ()))
+            self._delete(plan)
+        return plan
+
+    def _manifest_layers(self) -> dict[str, list[str]]:
+        manifests = {}
+        for d in self.store.manifest_digests():
+            try:
+                manifests[d] = [lr.digest for lr in self.store.get_manifest(d).layers]
+            except Exception:  # corrupt or unreadable: collected like an orphan
+                manifests[d] = []
+        return manifests
+
+    def _delete(self, plan: GcPlan) -> None:
+        for d in plan.layers:
+            self.mounts.unmount(d)
+            plan.bytes_freed += self.store.remove_blob(d) + self.sources.cache.remove(d)
+        for d in plan.manifests:
+            (self.store.manifests / d.split(":", 1)[1]).unlink(missing_ok=True)
 
     def _mtime(self, digest: str) -> float:
         hexd = digest.split(":")[1]

@@ -408,6 +408,13 @@ class NodeService:
         return [ImageSummary(name=i.name, digest=i.manifest_digest, layers=i.layers,
                              size=i.size, created=i.created.timestamp()) for i in infos]
 
+    async def remove_image(self, name: str) -> None:
+        """Untag ``name`` and delete its manifest and layers unless something else (another
+        tag's image, a sandbox of this node) still holds them."""
+        held = [*self.records.values(), *(r for m in self.pool.members.values() for r in m)]
+        in_use = {d for rec in held for d in rec.runtime.get("layer_digests") or ()}
+        await asyncio.to_thread(self._images().remove, name, in_use)
+
     @recorded("pack_diff", ImageSummary)
     async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
         """Pack the writable layer as a new layer over the sandbox's image and tag it."""

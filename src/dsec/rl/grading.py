@@ -51,18 +51,26 @@ async def outside(sb: AsyncSandbox, workspace: str) -> list[str]:
 
 
 async def grade(agent: AsyncSandbox, grader: Grader, tag: str | None = None) -> ExecResult:
-    """Pack the agent's workspace, grade it in a separate sandbox, stop that sandbox."""
+    """Pack the agent's workspace, grade it in a separate sandbox, stop that sandbox.
+
+    The packed image is removed afterwards (its tag, and its layer once no sandbox uses
+    it), unless the caller named ``tag`` to keep it."""
+    made = tag is None
     tag = tag or f"grading/{agent.id}:{secrets.token_hex(4)}"
     await agent.pack_diff(tag, exclude=await outside(agent, grader.workspace))
     client = agent._client
-    # The packed tag is a whole image: the agent's image and layers, then its workspace.
-    judge = await client.create(image=tag,
-                                memory_mb=grader.memory_mb, network="none",
-                                labels={"role": "grader", "graded": agent.id})
     try:
-        for path, data in grader.files.items():
-            await judge.files.mkdir(posixpath.dirname(path))
-            await judge.files.write(path, data, mode=0o755)
-        return await judge.exec(grader.cmd, cwd=grader.workspace, timeout=grader.timeout)
+        # The packed tag is a whole image: the agent's image and layers, then its workspace.
+        judge = await client.create(image=tag,
+                                    memory_mb=grader.memory_mb, network="none",
+                                    labels={"role": "grader", "graded": agent.id})
+        try:
+            for path, data in grader.files.items():
+                await judge.files.mkdir(posixpath.dirname(path))
+                await judge.files.write(path, data, mode=0o755)
+            return await judge.exec(grader.cmd, cwd=grader.workspace, timeout=grader.timeout)
+        finally:
+            await judge.stop()
     finally:
-        await judge.stop()
+        if made:
+            await client.remove_image(tag)

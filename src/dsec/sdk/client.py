@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
@@ -159,6 +160,11 @@ class AsyncClient:
         """Images (tags) the server knows."""
         resp = await self._request("GET", "/v1/images")
         return [ImageSummary.model_validate(x) for x in resp.json()]
+
+    async def remove_image(self, name: str) -> None:
+        """Untag an image; its layers go too unless another image or a sandbox keeps them
+        (e.g. a ``pack_diff`` snapshot no longer needed)."""
+        await self._request("DELETE", f"/v1/images/{quote(name, safe='/:@')}")
 
     async def nodes(self) -> list[NodeInfo]:
         """Nodes of the cluster with their load."""
