@@ -173,3 +173,11 @@ async def test_the_node_prunes_stopped_sandboxes_in_the_background(node):
         await asyncio.sleep(0.05)
     assert node.trajectory.log.count(stopped.id) == 0
     assert node.trajectory.log.count(running.id) == 1  # every rule would take it, but it runs
+
+
+def test_server_flags_reach_the_node_config():
+    from dsec.gateway.server import trajectory_options
+    assert trajectory_options(None, None) == {}
+    opts = trajectory_options(30.0, 512.0)
+    policy = NodeConfig(trajectory=TrajectoryRetention(**opts)).trajectory
+    assert (policy.stopped_grace_s, policy.max_mb, policy.max_age_s) == (30.0, 512.0, 7 * 86400)

@@ -32,9 +32,15 @@ def serve(
         help="start microvm sandboxes as clones of a booted template")] = False,
     guest_pause_to_disk: Annotated[bool, typer.Option(
         help="pausing a guest saves it to disk and ends its QEMU")] = False,
+    trajectory_keep_s: Annotated[float | None, typer.Option(
+        min=0, help="keep a stopped sandbox's trajectory log this many seconds "
+                    "(default a day)")] = None,
+    trajectory_max_mb: Annotated[float | None, typer.Option(
+        min=0, help="prune stopped sandboxes' trajectory logs, oldest first, beyond "
+                    "this size (default 1024)")] = None,
 ) -> None:
     """Run the dsec server on this machine until interrupted."""
-    from dsec.gateway.server import guest_options
+    from dsec.gateway.server import guest_options, trajectory_options
     from dsec.gateway.server import serve as run_server  # the server stack loads only here
     if guest_accel not in ("auto", "kvm", "tcg"):
         raise typer.BadParameter("takes auto, kvm or tcg", param_hint="--guest-accel")
@@ -46,7 +52,8 @@ def serve(
     try:
         run_server(state_dir, host=host, port=port, backends=backend,
                    warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote,
-                   guests=guest_options(guest_accel, guest_warm_start, guest_pause_to_disk))
+                   guests=guest_options(guest_accel, guest_warm_start, guest_pause_to_disk),
+                   trajectory=trajectory_options(trajectory_keep_s, trajectory_max_mb))
     except KeyboardInterrupt:
         pass
 

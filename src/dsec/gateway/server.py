@@ -85,7 +85,7 @@ def _write_private(path: Path, text: str) -> None:
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
           ray_address: str | None = None, images_remote: str | None = None,
-          guests: dict | None = None) -> None:
+          guests: dict | None = None, trajectory: dict | None = None) -> None:
     """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster)."""
     if ray_address is not None:
         sd = state_dir or NodeConfig().state_dir
@@ -104,6 +104,9 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
     if guests:
         from dsec.node.backends.microvm.config import MicroVMConfig
         kwargs["guests"] = MicroVMConfig(**guests)
+    if trajectory:
+        from dsec.trajectory.retention import TrajectoryRetention
+        kwargs["trajectory"] = TrajectoryRetention(**trajectory)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         import uvloop
@@ -133,6 +136,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="start microvm sandboxes as clones of a booted template")
     p.add_argument("--guest-pause-to-disk", action="store_true",
                    help="pausing a guest saves it to disk and ends its QEMU (frees its memory)")
+    p.add_argument("--trajectory-keep-s", type=float, default=None, metavar="S",
+                   help="keep a stopped sandbox's trajectory log this long (default a day)")
+    p.add_argument("--trajectory-max-mb", type=float, default=None, metavar="MB",
+                   help="prune stopped sandboxes' logs, oldest first, beyond this size")
     a = p.parse_args(argv)
     pool = {}
     for item in a.warm_pool:
@@ -141,7 +148,18 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
         pool[image] = int(n)
     serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote,
-          guest_options(a.guest_accel, a.guest_warm_start, a.guest_pause_to_disk))
+          guest_options(a.guest_accel, a.guest_warm_start, a.guest_pause_to_disk),
+          trajectory_options(a.trajectory_keep_s, a.trajectory_max_mb))
+
+
+def trajectory_options(keep_s: float | None, max_mb: float | None) -> dict:
+    """The trajectory retention settings the command line changed."""
+    out: dict = {}
+    if keep_s is not None:
+        out["stopped_grace_s"] = keep_s
+    if max_mb is not None:
+        out["max_mb"] = max_mb
+    return out
 
 
 def guest_options(accel: str, warm_start: bool, pause_to_disk: bool) -> dict:
