@@ -65,6 +65,12 @@ class CgroupDriver:
         """Change CPU quota, memory (swap included) and pids limits of a running sandbox."""
         raise NotImplementedError
 
+    def join_memory(self, rel: str, pid: int) -> None:
+        """Move process ``pid`` into the cgroup, so the memory it charges from now on (the
+        tmpfs pages it writes included) counts against the sandbox. On v1 only the memory
+        hierarchy; on v2 the one cgroup, so the process also counts in its pids and CPU."""
+        raise NotImplementedError
+
     def set_frozen(self, rel: str, frozen: bool) -> None:
         """Freeze or thaw every process of the cgroup, and wait until it took effect."""
         raise NotImplementedError
@@ -134,6 +140,9 @@ class CgroupV1(CgroupDriver):
         (cpu_dir / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu * 100_000))))
         (self._dir("pids", rel) / "pids.max").write_text(str(pids))
 
+    def join_memory(self, rel: str, pid: int) -> None:
+        (self._dir("memory", rel) / "cgroup.procs").write_text(str(pid))
+
     def set_frozen(self, rel: str, frozen: bool) -> None:
         f = self._dir("freezer", rel) / "freezer.state"
         want = "FROZEN" if frozen else "THAWED"
@@ -173,6 +182,9 @@ class CgroupV2(CgroupDriver):
             (d / "memory.swap.max").write_text("0")
         (d / "cpu.max").write_text(f"{max(1000, int(cpu * 100_000))} 100000")
         (d / "pids.max").write_text(str(pids))
+
+    def join_memory(self, rel: str, pid: int) -> None:
+        (self._dir(rel) / "cgroup.procs").write_text(str(pid))
 
     def set_frozen(self, rel: str, frozen: bool) -> None:
         d = self._dir(rel)

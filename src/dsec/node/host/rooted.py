@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from dsec.api.errors import InvalidArgument, NotFound
 from dsec.api.models import FileInfo
+from dsec.node.host.charged import Charge, ChargedWriter
 
 __all__ = ["RootedFiles", "openat2", "file_kind", "normalize_path"]
 
@@ -86,10 +87,14 @@ class _Errors:
 
 
 class RootedFiles:
-    """:class:`dsec.node.files.FileOps` over a host directory used as the sandbox root."""
+    """:class:`dsec.node.files.FileOps` over a host directory used as the sandbox root.
 
-    def __init__(self, root: str) -> None:
+    With a ``charge``, file contents are written by a helper in the sandbox's memory cgroup
+    (see :mod:`dsec.node.host.charged`): what the API writes counts against the sandbox."""
+
+    def __init__(self, root: str, charge: Charge | None = None) -> None:
         self.root = root
+        self.charge = charge
 
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
         rootfd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -175,6 +180,8 @@ class RootedFiles:
         path = normalize_path(path)
         with _Errors(path):
             fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            if self.charge is not None:
+                return ChargedWriter(fd, self.charge, path)  # type: ignore[return-value]
             return os.fdopen(fd, "wb", buffering=0)
 
     def tar_out(self, path: str) -> Iterator[bytes]:
