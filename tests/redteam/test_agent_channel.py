@@ -14,6 +14,7 @@ import pytest
 
 import dsec
 from tests.redteam.probes import build_probe
+from tests.support.server import ServerProcess, leftovers
 
 PROBE = "/tmp/agent_attack"
 
@@ -104,3 +105,34 @@ async def test_filling_the_pid_limit_does_not_forge_or_kill_the_agent(client):
         await _genuine(sb)
     finally:
         await sb.stop()
+
+
+@pytest.fixture(scope="module")
+def fncall_server():
+    srv = ServerProcess(backends=["fncall"]).start()
+    yield srv
+    srv.stop()  # its warm workers end with it
+    left = leftovers(srv.state_dir)
+    srv.destroy()
+    assert not left, left
+
+
+async def test_fncall_code_cannot_reach_its_workers_agent(fncall_server):
+    async with dsec.AsyncClient(fncall_server.url, fncall_server.token, timeout=120) as client:
+        await _fncall_attacks(client)
+
+
+async def _fncall_attacks(client):
+    probe = build_probe("agent_attack").read_bytes()
+    script = ("chmod 755 ./agent_attack && for a in mem getfd ptrace vmread; do "
+              "./agent_attack $a; done; ./agent_attack forge 5; ./agent_attack signal")
+    r = await client.fncall(script, language="sh", image="busybox",
+                            files={"agent_attack": probe}, timeout=20)
+    for what in ("mem", "getfd", "ptrace", "vmread"):
+        tried = dict(_attempts(r.stdout, what))  # the call's own shell is dumpable: only pid 1
+        assert tried.get(1) not in (None, "ok"), (what, r)
+    assert "steal - no-listener" in r.stdout, r
+    token = f"genuine-{secrets.token_hex(4)}"
+    for _ in range(3):  # the next calls, whichever worker serves them, are genuine
+        again = await client.fncall(f"echo {token}", language="sh", image="busybox")
+        assert (again.exit_code, again.stdout) == (0, f"{token}\n"), again
