@@ -42,6 +42,19 @@ class NodeConfig(BaseModel):
     trajectory: TrajectoryRetention = Field(
         default_factory=TrajectoryRetention,
         description="how long the trajectory log keeps stopped sandboxes' logs")
+    max_disk_mb: int = Field(
+        16384, ge=16,
+        description="largest disk_mb a sandbox may ask for. A container's writable layer "
+                    "is a tmpfs: its files are memory, charged to the sandbox's memory "
+                    "limit (whoever writes them), so a sandbox holds at most the smaller "
+                    "of disk_mb and memory_mb in files")
+    max_exec_output: int = Field(
+        8 << 20, ge=1 << 16,
+        description="most bytes per stream an exec or shell run keeps for its result, "
+                    "whatever its max_output asks (the rest is dropped and the result says "
+                    "truncated): a result is held in the node's memory, about four times "
+                    "over while it is encoded and sent. A streamed exec holds no output "
+                    "and is not bounded by this")
     guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
                                   description="settings of the microvm and vm backends")
     limits: RequestLimits = Field(default_factory=RequestLimits,

@@ -1,58 +1,84 @@
 """Exec written once for every stateful backend, on top of the in-sandbox agent.
 
-Output per stream is kept up to ``max_output`` bytes and the rest is read and dropped (so a
-flood cannot stall the command or grow the node's memory); the timeout kills the whole
-process group; an OOM kill is told apart from other SIGKILLs by the cgroup's counter.
+Output per stream passes up to ``max_output`` bytes and the rest is read and dropped (so a
+flood cannot stall the command). A result keeps what passed in one buffer per stream,
+decoded once at the end; a stream keeps only a small head of it for the trajectory log, so
+its memory does not grow with the output. Stdin goes a frame at a time, decoded piece by
+piece and drained between frames. The timeout kills the whole process group; an OOM kill
+is told apart from other SIGKILLs by the cgroup's counter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import codecs
+import re
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from dsec.api.errors import InvalidArgument, SandboxStopped
 from dsec.api.limits import AGENT_MAX_ARGS, AGENT_MAX_FRAME
 from dsec.api.models import ExecEvent, ExecRequest, ExecResult
-from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
+from dsec.node.agent.client import MAX_FRAME, AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.users import resolve_user
 
-__all__ = ["exec_events", "run_exec", "build_spawn", "OutputCap"]
+__all__ = ["exec_events", "run_exec", "build_spawn", "OutputCap", "STREAM_KEPT"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KILL_GRACE_S = 5.0
+STREAM_KEPT = 1 << 20  # per stream, what a streamed exec's exit result carries (for the log)
+_B64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 
 @dataclass
 class OutputCap:
-    """Keeps the first ``limit`` bytes of a stream, decoded as UTF-8 across chunk borders."""
+    """Passes the first ``limit`` bytes of a stream and keeps the first ``keep`` of them
+    (all by default) in one buffer: no list of pieces, no decoding per chunk."""
 
     limit: int
-    kept: int = 0
+    keep: int | None = None
+    passed: int = 0
     truncated: bool = False
-    parts: list[str] = field(default_factory=list)
-    _dec: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    _buf: bytearray = field(default_factory=bytearray)
 
-    def feed(self, data: bytes) -> str:
-        room = self.limit - self.kept
-        if room <= 0:
-            self.truncated = self.truncated or bool(data)
-            return ""
+    def feed(self, data: bytes) -> bytes:
+        """The part of ``data`` within the limit; empty once the limit is reached."""
+        room = self.limit - self.passed
         if len(data) > room:
-            data, self.truncated = data[:room], True
-        self.kept += len(data)
-        text = self._dec.decode(data)
-        self.parts.append(text)
-        return text
+            data, self.truncated = data[:max(room, 0)], True
+        self.passed += len(data)
+        space = (self.limit if self.keep is None else self.keep) - len(self._buf)
+        if data and space > 0:
+            self._buf += data if len(data) <= space else data[:space]
+        return data
 
     def text(self) -> str:
-        return "".join(self.parts) + self._dec.decode(b"", final=True)
+        """The kept bytes as UTF-8 text (invalid bytes replaced); the buffer is released,
+        so the output is held once, not twice, from here on."""
+        text = self._buf.decode("utf-8", errors="replace")
+        self._buf = bytearray()
+        return text
+
+
+def stdin_frames(b64: str | None) -> Iterator[bytes]:
+    """Base64 stdin as frames for the agent, decoded a frame at a time (a clean base64
+    string, as the SDK sends, is never decoded whole). Malformed base64 is refused here,
+    before anything runs."""
+    if not b64:
+        return iter(())
+    if len(b64) % 4 == 0 and _B64.fullmatch(b64):
+        step = MAX_FRAME // 3 * 4  # characters that decode to at most one frame
+        return (base64.b64decode(b64[i:i + step]) for i in range(0, len(b64), step))
+    try:
+        data = memoryview(base64.b64decode(b64))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"stdin must be base64: {exc}") from exc
+    return (bytes(data[i:i + MAX_FRAME]) for i in range(0, len(data), MAX_FRAME))
 
 
 def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> SpawnRequest:
@@ -82,15 +108,19 @@ def check_spawn(spawn: SpawnRequest) -> None:
                               "shorten them, or pass data through stdin or a file")
 
 
-async def exec_events(backend: Backend, rec: SandboxRecord,
-                      req: ExecRequest) -> AsyncIterator[ExecEvent]:
-    """Yield output chunks as they come, then one ``exit`` event with the result."""
+async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
+                      stream: bool = True) -> AsyncIterator[ExecEvent]:
+    """Yield output chunks as they come, then one ``exit`` event with the result.
+
+    A stream's result carries at most :data:`STREAM_KEPT` bytes of each stream (its chunks
+    went by already). With ``stream=False`` only the exit is yielded, and its result keeps
+    the output up to ``max_output``."""
     user = req.user or rec.runtime.get("image_user", "root")
     if user.replace(":", "").isdigit() or user == "root":
         spawn = build_spawn(backend, rec, req)  # no file to read: skip the thread hop
     else:
         spawn = await asyncio.to_thread(build_spawn, backend, rec, req)
-    stdin = base64.b64decode(req.stdin) if req.stdin else b""
+    stdin = stdin_frames(req.stdin)
     oom_before = backend.oom_kills(rec)
     t0 = time.perf_counter()
     try:
@@ -101,20 +131,33 @@ async def exec_events(backend: Backend, rec: SandboxRecord,
         proc.close()
         yield ExecEvent(type="exit", result=ExecResult(exit_code=0, pid=proc.pid))
         return
+    feeder = asyncio.create_task(_feed_stdin(proc, stdin))
     try:
-        async for ev in _relay(proc, req, stdin, t0, backend, rec, oom_before):
+        async for ev in _relay(proc, req, stream, t0, backend, rec, oom_before, feeder):
             yield ev
     finally:
+        feeder.cancel()
         proc.close()
 
 
-async def _relay(proc: AgentProcess, req: ExecRequest, stdin: bytes, t0: float,
-                 backend: Backend, rec: SandboxRecord, oom_before: int
-                 ) -> AsyncIterator[ExecEvent]:
-    if stdin:
-        proc.write_stdin(stdin)
-    proc.close_stdin()
-    caps = {"stdout": OutputCap(req.max_output), "stderr": OutputCap(req.max_output)}
+async def _feed_stdin(proc: AgentProcess, frames: Iterator[bytes]) -> None:
+    """Send stdin beside the output loop, draining after each frame, then close it."""
+    try:
+        for frame in frames:
+            proc.write_stdin(frame)
+            await proc.drain()
+        proc.close_stdin()
+        await proc.drain()
+    except AgentGone:
+        pass  # the output loop reports the end of the command or of the sandbox
+
+
+async def _relay(proc: AgentProcess, req: ExecRequest, stream: bool, t0: float,
+                 backend: Backend, rec: SandboxRecord, oom_before: int,
+                 feeder: asyncio.Task) -> AsyncIterator[ExecEvent]:
+    keep = min(req.max_output, STREAM_KEPT) if stream else None
+    caps = {k: OutputCap(req.max_output, keep) for k in ("stdout", "stderr")}
+    decoders = {k: codecs.getincrementaldecoder("utf-8")(errors="replace") for k in caps}
     deadline = t0 + req.timeout if req.timeout else None
     timed_out = False
     while True:
@@ -131,10 +174,15 @@ async def _relay(proc: AgentProcess, req: ExecRequest, stdin: bytes, t0: float,
         except AgentGone as exc:
             raise SandboxStopped(f"sandbox {rec.id} went away during the command: {exc}") from exc
         if kind == "exit":
+            feeder.cancel()  # stdin the command never read
             break
-        text = caps[kind].feed(data)
-        if text:
+        passed = caps[kind].feed(data)
+        if stream and passed and (text := decoders[kind].decode(passed)):
             yield ExecEvent(type=kind, data=text)
+    if stream:
+        for kind, dec in decoders.items():
+            if text := dec.decode(b"", final=True):
+                yield ExecEvent(type=kind, data=text)
     oom = proc.signal == signal.SIGKILL and backend.oom_kills(rec) > oom_before
     yield ExecEvent(type="exit", result=ExecResult(
         exit_code=proc.exit_code if proc.exit_code is not None else -1,
@@ -147,7 +195,7 @@ async def _relay(proc: AgentProcess, req: ExecRequest, stdin: bytes, t0: float,
 async def run_exec(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> ExecResult:
     """Run to completion and return the result (output capped, never raised for exit != 0)."""
     result = None
-    async for ev in exec_events(backend, rec, req):
+    async for ev in exec_events(backend, rec, req, stream=False):
         if ev.type == "exit":
             result = ev.result
     if result is None:

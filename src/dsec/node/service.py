@@ -216,7 +216,21 @@ class NodeService:
                              state="starting", created_at=now, last_active_at=now,
                              expires_at=now + spec.ttl_s if spec.ttl_s else None)
 
+    def _check_spec(self, spec: SandboxSpec) -> None:
+        """Bounds this node sets beyond the wire model's."""
+        top = self.config.max_disk_mb
+        if spec.disk_mb > top:
+            raise InvalidArgument(
+                f"disk_mb must be at most {top} on node {self.node_id} (NodeConfig.max_disk_mb: "
+                f"a container's writable layer is held in memory); got {spec.disk_mb}")
+
+    def _bounded(self, req):
+        """``req`` with max_output lowered to what this node keeps for a result."""
+        top = self.config.max_exec_output
+        return req if req.max_output <= top else req.model_copy(update={"max_output": top})
+
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        self._check_spec(spec)
         reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
                        self.config.admission)
         if reason:
@@ -279,6 +293,7 @@ class NodeService:
 
     async def create_many(self, count: int, spec: SandboxSpec) -> tuple[list[SandboxInfo],
                                                                           list[str]]:
+        self._check_spec(spec)
         reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
                        self.config.admission, count=count)
         if reason:
@@ -333,6 +348,7 @@ class NodeService:
     @recorded("exec", ExecResult)
     async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
         backend, rec = await self._active(sb_id)
+        req = self._bounded(req)  # after the log saw the request as it was asked
         with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
             if hasattr(backend, "exec"):  # a stateless backend (fncall) runs exec itself
                 return await backend.exec(rec, req)
@@ -367,7 +383,7 @@ class NodeService:
     @recorded("shell_run", ExecResult)
     async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
         await self._active(sb_id)
-        return await self._shell(sb_id, sh_id).run(req)
+        return await self._shell(sb_id, sh_id).run(self._bounded(req))
 
     async def shell_close(self, sb_id: str, sh_id: str) -> None:
         self._shell(sb_id, sh_id)
