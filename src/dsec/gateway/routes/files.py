@@ -113,10 +113,12 @@ class _QueueReader:
     """A blocking file-like reader fed by the event loop (request body -> tarfile)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, body: AsyncIterator[bytes]) -> None:
-        self.loop, self.body, self.buf = loop, body, b""
+        self.loop, self.body, self.buf = loop, body, bytearray()
         self.done = False
 
     def read(self, n: int = -1) -> bytes:
+        # tarfile reads a few KiB at a time: one bytearray, consumed from the front (which
+        # CPython does in place), holds at most a chunk ahead of the reader
         while not self.done and (n < 0 or len(self.buf) < n):
             fut = asyncio.run_coroutine_threadsafe(self._next(), self.loop)
             chunk = fut.result()
@@ -124,10 +126,9 @@ class _QueueReader:
                 self.done = True
             else:
                 self.buf += chunk
-        if n < 0:
-            out, self.buf = self.buf, b""
-        else:
-            out, self.buf = self.buf[:n], self.buf[n:]
+        n = len(self.buf) if n < 0 else min(n, len(self.buf))
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
         return out
 
     async def _next(self) -> bytes | None:
