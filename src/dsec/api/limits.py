@@ -183,6 +183,8 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
 
 def check_user(user: str) -> str:
     """``name``, ``uid``, ``name:gid`` or ``uid:gid``, ids in 0..UID_MAX."""
+    if not user:  # the image's user, as when none is given
+        return user
     name, sep, group = user.partition(":")
     if len(user) > 256 or not name or any(c.isspace() for c in user) or ":" in group:
         raise ValueError(f"user must be a name or uid, optionally ':gid'; got {user[:80]!r}")
