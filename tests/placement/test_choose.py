@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
-from dsec.placement.choose import choose_node
+from dsec.placement.choose import choose_node, refusal
 
 
 def node(i, sandboxes=0, reserved=0, backends=("container",)):
@@ -56,3 +56,16 @@ def test_choice_is_always_an_admissible_node(sizes, seed):
         assert got in fits
     else:
         assert got is None
+
+
+def test_a_refusal_names_the_limit_that_was_hit():
+    cpu_bound = NodeLoad("node-c", ("container",), cpus=2, memory_mb=65536, sandboxes=0,
+                         memory_reserved_mb=0, cpu_reserved=0.0)
+    msg = refusal([cpu_bound], "container", memory_mb=64, cpu=2, count=65)
+    assert "CPUs reserved of 128" in msg and "65 x 2 CPUs" in msg and "MiB reserved" not in msg
+    mem_bound = NodeLoad("node-m", ("container",), cpus=64, memory_mb=1024, sandboxes=0,
+                         memory_reserved_mb=8000, cpu_reserved=0.0)
+    msg = refusal([mem_bound], "container", memory_mb=512, cpu=1)
+    assert "MiB reserved of 8192" in msg and "CPUs reserved" not in msg
+    assert "no 'fncall' backend" in refusal([mem_bound], "fncall", 64, 1)
+    assert "there are no nodes" in refusal([], "container", 64, 1)
