@@ -150,6 +150,8 @@ class NodeService:
     async def reap(self, now: float) -> None:
         await reap_leases(self, now)
         for rec in list(self.records.values()):
+            if rec.state == "starting":  # its creator's until create returns (or fails)
+                continue
             if rec.expires_at is not None and now >= rec.expires_at:
                 await self.stop(rec.id)
             elif rec.spec.idle_ttl_s and now - rec.last_active_at >= rec.spec.idle_ttl_s:
