@@ -198,7 +198,8 @@ def test_out_of_range_or_unknown_users_are_invalid_never_root(http, sb_id, user)
 
 
 def test_a_numeric_user_runs_as_that_user(http, sb_id):
-    r = http.post(f"/v1/sandboxes/{sb_id}/exec", json={"cmd": "id -u; id -g", "user": "65534:65533"})
+    r = http.post(f"/v1/sandboxes/{sb_id}/exec",
+                  json={"cmd": "id -u; id -g", "user": "65534:65533"})
     assert r.json()["stdout"].split() == ["65534", "65533"]
 
 
