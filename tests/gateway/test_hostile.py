@@ -213,3 +213,12 @@ def test_a_cpu_refusal_names_cpu(http):
     assert r.status_code == 503, r.text
     msg = r.json()["error"]["message"]
     assert "CPUs reserved" in msg and "MiB reserved" not in msg, msg
+
+
+def test_a_shell_that_exited_answers_stopped_not_500(http, sb_id):
+    sh = http.post(f"/v1/sandboxes/{sb_id}/shells").json()["id"]
+    run = f"/v1/sandboxes/{sb_id}/shells/{sh}/run"
+    first = http.post(run, json={"cmd": "& x", "timeout": 3})  # a syntax error ends plain sh
+    assert first.status_code == 410, first.text
+    again = http.post(run, json={"cmd": "echo hi", "timeout": 3})
+    assert again.status_code == 410 and "open a new shell" in again.json()["error"]["message"]

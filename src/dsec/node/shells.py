@@ -30,8 +30,11 @@ class ShellSession:
     proc: AgentProcess
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _buf: dict = field(default_factory=lambda: {"stdout": b"", "stderr": b""})
+    ended: str | None = None  # why the shell is gone (a syntax error ends a plain sh)
 
     async def run(self, req: ShellRunRequest) -> ExecResult:
+        if self.ended is not None:
+            raise SandboxStopped(f"shell {self.id} {self.ended}; open a new shell")
         if self.lock.locked():
             raise Conflict(f"shell {self.id} is already running a command")
         async with self.lock:
@@ -43,8 +46,12 @@ class ShellSession:
         script = (f"{{ {req.cmd}\n}} </dev/null; __dsec_rc=$?; "
                   f"printf '{mark}%d\\n' $__dsec_rc; printf '{mark}\\n' >&2\n")
         t0 = time.perf_counter()
-        self.proc.write_stdin(script.encode())
-        await self.proc.drain()
+        try:
+            self.proc.write_stdin(script.encode())
+            await self.proc.drain()
+        except (ConnectionError, RuntimeError) as exc:  # the agent's end closed under us
+            self.ended = "ended"
+            raise SandboxStopped(f"shell {self.id} ended; open a new shell") from exc
         caps = {"stdout": OutputCap(req.max_output), "stderr": OutputCap(req.max_output)}
         pattern = {"stdout": re.compile(re.escape(mark).encode() + rb"(-?\d+)\n"),
                    "stderr": re.compile(re.escape(mark).encode() + rb"\n")}
@@ -63,9 +70,11 @@ class ShellSession:
                 deadline = time.perf_counter() + 5.0
                 continue
             except AgentGone as exc:
+                self.ended = "ended"
                 raise SandboxStopped(f"shell {self.id} ended") from exc
             if kind == "exit":
-                raise SandboxStopped(f"shell {self.id} exited (code {self.proc.exit_code})")
+                self.ended = f"exited (code {self.proc.exit_code})"
+                raise SandboxStopped(f"shell {self.id} {self.ended}")
             self._feed(kind, data, caps[kind], pattern[kind], done)
         code = int(done["stdout"].group(1))
         return ExecResult(exit_code=code, stdout=caps["stdout"].text(),
