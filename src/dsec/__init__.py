@@ -7,8 +7,9 @@
 """
 
 from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArgument,
-                             NotFound, SandboxStopped, SandboxTimeout, TrajectoryDiverged,
-                             RemoteError, Unauthorized, Unavailable, Unsupported)
+                             NodeLost, NotFound, SandboxStopped, SandboxTimeout,
+                             TrajectoryDiverged, RemoteError, Unauthorized, Unavailable,
+                             Unsupported)
 from dsec.api.fncall import FnCallResult
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
 from dsec.sdk import AsyncClient, AsyncSandbox, AsyncShell, Client, Sandbox, Shell
@@ -20,5 +21,5 @@ __all__ = [
     "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
     "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
     "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Unavailable",
-    "RemoteError", "Internal",
+    "NodeLost", "RemoteError", "Internal",
 ]

@@ -33,7 +33,7 @@ def test_public_names():
         "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
         "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
         "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
-        "Unavailable", "RemoteError", "Internal"}
+        "Unavailable", "NodeLost", "RemoteError", "Internal"}
     for name in dsec.__all__:
         assert getattr(dsec, name) is not None
 

@@ -21,6 +21,7 @@ __all__ = [
     "Conflict",
     "TrajectoryDiverged",
     "Unavailable",
+    "NodeLost",
     "RemoteError",
     "Internal",
     "ERROR_TABLE",
@@ -110,6 +111,12 @@ class Unavailable(DSecError, ConnectionError):
     code, status = "unavailable", 503
 
 
+class NodeLost(Unavailable):
+    """The node holding the sandbox does not answer; its sandboxes come back with it."""
+
+    code, status = "node_lost", 503
+
+
 class RemoteError(DSecError, RuntimeError):
     """A called function raised; ``remote_traceback`` is the traceback from the worker."""
 
@@ -134,8 +141,8 @@ class Internal(DSecError, RuntimeError):
 ERROR_TABLE: dict[str, type[DSecError]] = {
     cls.code: cls
     for cls in (NotFound, InvalidArgument, TooLarge, Unauthorized, Capacity, SandboxTimeout,
-                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, RemoteError,
-                Internal)
+                SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, NodeLost,
+                RemoteError, Internal)
 }
 
 

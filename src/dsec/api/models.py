@@ -121,6 +121,10 @@ class SandboxSpec(_Request):
                     "(node limits.labels, limits.label_key_bytes, limits.label_value_bytes)")
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=_ENV_SCHEMA,
                                 description=f"extra environment; {_ENV_DOC}")
+    request_id: str | None = Field(
+        None, min_length=1, max_length=128,
+        description="idempotency key: a create retried with the same request_id returns the "
+                    "sandbox the first attempt made instead of making another")
 
     @field_validator("labels")
     @classmethod
@@ -151,8 +155,15 @@ class SandboxSpec(_Request):
 class CreateManyRequest(_Request):
     """Create ``count`` sandboxes from one spec, placed and started concurrently."""
 
-    count: int = Field(ge=1, le=10000)
+    count: int = Field(ge=1, le=100_000)
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
+    request_id: str | None = Field(
+        None, min_length=1, max_length=120,
+        description="idempotency key of the batch: a retry returns the sandboxes the first "
+                    "attempt made and makes only those still missing")
+    first_index: int = Field(0, ge=0, le=100_000,
+                             description="index of this request's first item in its batch "
+                                         "(a gateway splitting one batch over nodes sets it)")
 
 
 class SandboxInfo(BaseModel):
@@ -168,6 +179,7 @@ class SandboxInfo(BaseModel):
     memory_mb: int
     disk_mb: int
     job: str | None = None
+    request_id: str | None = None
     labels: dict[str, str] = {}
     created_at: float
     expires_at: float | None = None
@@ -181,6 +193,9 @@ class SandboxInfo(BaseModel):
 
 class SandboxList(BaseModel):
     sandboxes: list[SandboxInfo]
+    unreachable: list[str] = Field(default_factory=list,
+                                   description="nodes that did not answer: their sandboxes "
+                                               "are missing from this list")
 
 
 class ExecRequest(_Request):

@@ -1,11 +1,11 @@
 """The multi-machine cluster: a node agent per host as a Ray actor, gateways find them via Ray.
 
 Each :class:`NodeActor` runs the ordinary node agent plus its own HTTP API (the same app the
-embedded server uses, over just that node) on the host's address. A gateway lists the
-actors by name in the ``dsec`` namespace, asks each for its URL and load, places new
-sandboxes, and relays every other request to the node named in the sandbox id
-(``sb-<node>-<rand>``). So nothing in ``node/`` knows it runs under Ray, and every route,
-streaming included, works the same in both modes.
+embedded server uses, over just that node) on the host's address. A gateway (the same app
+again, over a :class:`RayCluster`) lists the actors by name in the ``dsec`` namespace, talks
+to each through an :class:`~dsec.cluster.http.HttpNodeClient`, and reaches the node named in
+a sandbox id (``sb-<node>-<rand>``) with no lookup. So nothing in ``node/`` knows it runs
+under Ray, and every route, streaming included, is written once for both modes.
 
 Ray is imported lazily: the embedded server does not need it.
 """
@@ -13,14 +13,18 @@ Ray is imported lazily: the embedded server does not need it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsec.api.errors import NotFound, Unavailable
+from dsec.api.errors import NotFound
 from dsec.cluster.base import node_short_of
+from dsec.cluster.http import NODE_KEEPALIVE_S, HttpNodeClient
 from dsec.placement.admission import NodeLoad
+
+log = logging.getLogger("dsec.cluster.ray")
 
 __all__ = ["NAMESPACE", "NodeEndpoint", "RayCluster", "start_node_actor", "node_actor_class"]
 
@@ -79,7 +83,9 @@ class _NodeActor:
         self.node = await NodeService.open(config)
         app = create_app(LocalCluster(self.node), self.token, close_cluster=False)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level="warning", access_log=False))
+                                                    log_level="warning", access_log=False,
+                                                    timeout_keep_alive=NODE_KEEPALIVE_S,
+                                                    ws="websockets-sansio"))
         self._task = asyncio.create_task(self.server.serve())
         while not self.server.started:
             if self._task.done():
@@ -135,37 +141,57 @@ def start_node_actor(state_dir: Path, token: str, backends: list[str] | None = N
 
 
 class RayCluster:
-    """The gateway's view of a Ray cluster's node agents."""
+    """The gateway's view of a Ray cluster: an :class:`HttpNodeClient` per node agent.
 
-    def __init__(self, refresh_s: float = 5.0) -> None:
-        self.refresh_s = refresh_s
-        self._nodes: dict[str, NodeEndpoint] = {}
-        self._seen = 0.0
+    Node agents are discovered through Ray (named actors) every ``refresh_s`` in the
+    background, never per request. A node once known stays known: when it stops
+    answering, the watcher marks it unhealthy and its sandboxes answer NodeLost, instead
+    of being forgotten and answering NotFound."""
 
-    async def endpoints(self, force: bool = False) -> dict[str, NodeEndpoint]:
-        """Node agents by short id, refreshed from Ray every ``refresh_s`` seconds."""
-        import time
-        if force or not self._nodes or time.monotonic() - self._seen > self.refresh_s:
-            self._nodes = await asyncio.to_thread(_discover)
-            self._seen = time.monotonic()
-        return self._nodes
+    def __init__(self, token: str, refresh_s: float = 5.0) -> None:
+        self.token, self.refresh_s = token, refresh_s
+        self._clients: dict[str, HttpNodeClient] = {}
+        self._task: asyncio.Task | None = None
 
-    async def endpoint_for(self, sb_id: str) -> NodeEndpoint:
-        short = node_short_of(sb_id)
-        nodes = await self.endpoints()
-        if short not in nodes:
-            nodes = await self.endpoints(force=True)
-        if short not in nodes:
-            raise NotFound(f"sandbox {sb_id} not found")
-        return nodes[short]
+    async def discover(self) -> None:
+        found = await asyncio.to_thread(_discover)
+        for short, ep in found.items():
+            old = self._clients.get(short)
+            if old is None or old.url != ep.url:  # new, or restarted on another port
+                self._clients[short] = HttpNodeClient(ep.node_id, ep.url, self.token)
+                if old is not None:
+                    await old.close()
 
-    async def loads(self) -> list[tuple[NodeEndpoint, NodeLoad]]:
-        nodes = list((await self.endpoints()).values())
-        if not nodes:
-            raise Unavailable("no dsec node agents are registered in the Ray cluster")
-        results = await asyncio.gather(*(n.actor.load.remote() for n in nodes),
-                                       return_exceptions=True)
-        return [(n, r) for n, r in zip(nodes, results) if isinstance(r, NodeLoad)]
+    async def start(self) -> None:
+        await self.discover()
+        self._task = asyncio.create_task(self._loop(), name="dsec-ray-discovery")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                await self.discover()
+            except Exception:  # noqa: BLE001 - Ray hiccups must not end discovery
+                log.exception("node discovery through Ray failed")
+
+    def clients(self) -> list[HttpNodeClient]:
+        return list(self._clients.values())
+
+    def client_for(self, sb_id: str) -> HttpNodeClient:
+        client = self._clients.get(node_short_of(sb_id))
+        if client is None:
+            raise NotFound(f"sandbox {sb_id} not found (no node of this cluster is named "
+                           f"{node_short_of(sb_id) or 'in that id'})")
+        return client
+
+    def image_store(self):
+        return None
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for c in self._clients.values():
+            await c.close()
 
 
 def _discover() -> dict[str, NodeEndpoint]:

@@ -1,72 +1,92 @@
-"""The gateway's HTTP app: auth, error mapping, metrics, and the API routers."""
+"""The gateway's HTTP app: auth, error mapping, metrics, and the API routers.
+
+One app, every route written once, over any :class:`~dsec.cluster.base.Cluster`: the
+embedded node of ``dsec serve``, the node agents of a Ray cluster, and each node agent's
+own API (this app over its :class:`~dsec.cluster.local.LocalCluster`). Routes reach nodes
+only through :class:`~dsec.cluster.nodeclient.NodeClient`; placement reads the watcher.
+"""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dsec.api.errors import NodeLost
 from dsec.cluster.base import Cluster
+from dsec.gateway import metrics
 from dsec.gateway.auth import BearerAuth
 from dsec.gateway.guard import RequestGuard, install_error_handlers
+from dsec.gateway.placer import Placer
 from dsec.gateway.routes import (files, fncall, images, jobs, network, sandboxes, streams,
                                  trajectory)
-from dsec.node import metrics
+from dsec.gateway.routes.common import Gateway
+from dsec.gateway.watcher import Watcher
 
 __all__ = ["create_app"]
 
 
-def create_app(cluster: Cluster, token: str, close_cluster: bool = True) -> FastAPI:
+def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
+               watcher: Watcher | None = None) -> FastAPI:
     """The gateway app over ``cluster``; every route but /healthz needs ``token``."""
+    watcher = watcher or Watcher(cluster)
+    gateway = Gateway(cluster=cluster, watcher=watcher, placer=Placer(cluster, watcher))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        yield
-        if close_cluster:
-            await cluster.close()
+        await cluster.start()
+        await watcher.start()
+        try:
+            yield
+        finally:
+            await watcher.stop()
+            if close_cluster:
+                await cluster.close()
 
     app = FastAPI(title="dsec", version="0.1.0", lifespan=lifespan,
                   description="Elastic sandboxes for agentic RL and LLM agent evaluation.")
-    app.state.cluster = cluster
-
+    app.state.gateway = gateway
     install_error_handlers(app)
 
+    @app.exception_handler(NodeLost)
+    async def _node_lost(request: Request, exc: NodeLost) -> JSONResponse:
+        if node_id := getattr(exc, "node_id", None):  # tell the watcher now, not next tick
+            watcher.report_failure(node_id, str(exc))
+        return JSONResponse(exc.to_wire(), status_code=exc.status)
+
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict:
-        return {"ok": True}
+    async def healthz() -> JSONResponse:
+        nodes = cluster.clients()
+        down = watcher.down()
+        return JSONResponse({"ok": True, "nodes": len(nodes), "unhealthy": down})
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
-        counts: dict[str, int] = {s: 0 for s in ("running", "paused", "starting")}
-        for node in cluster.nodes():
-            for rec in node.records.values():
-                counts[rec.state] = counts.get(rec.state, 0) + 1
-        for state, n in counts.items():
-            metrics.SANDBOXES.labels(state).set(n)
+        down = set(watcher.down())
+        metrics.NODES.labels("healthy").set(len(watcher.views) - len(down))
+        metrics.NODES.labels("unhealthy").set(len(down))
+        for view in watcher.views.values():
+            if view.load is not None:
+                metrics.NODE_SANDBOXES.labels(view.node_id).set(view.load.sandboxes)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(sandboxes.router)
-    app.include_router(files.router)
-    app.include_router(streams.router)
-    app.include_router(fncall.router)
-    app.include_router(jobs.router)
-    app.include_router(network.router)
-    app.include_router(trajectory.router)
-    app.include_router(images.router)
+    for module in (sandboxes, files, streams, fncall, jobs, network, trajectory, images):
+        app.include_router(module.router)
     _mount_images(app, cluster)
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
     app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(metrics.RequestMetrics)
     return app
 
 
 def _mount_images(app: FastAPI, cluster: Cluster) -> None:
-    """Blob and manifest routes of the layer store, when the images package offers them."""
+    """Blob and manifest routes of the layer store, when this gateway has one."""
     try:
         from dsec.images.http import blob_router
     except ImportError:
         return
-    images = getattr(cluster.nodes()[0].backends.get("container"), "images", None)
+    images = cluster.image_store()
     if images is not None:
         app.include_router(blob_router(images))

@@ -35,15 +35,14 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
 
 async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None) -> None:
     from dsec.cluster.ray import RayCluster, ray_init
-    from dsec.gateway.proxy import create_proxy_app
     token = _token(state_dir)
     await asyncio.to_thread(ray_init, address)
-    cluster = RayCluster()
+    cluster = RayCluster(token)
     _write_private(state_dir / "url", f"http://{host}:{port}\n")
-    server = uvicorn.Server(uvicorn.Config(create_proxy_app(cluster, token), host=host,
-                                           port=port, log_level="warning", access_log=False))
-    nodes = await cluster.endpoints(force=True)
-    print(f"dsec: gateway on http://{host}:{port} over Ray ({len(nodes)} nodes)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
+                                           log_level="warning", access_log=False,
+                                           ws="websockets-sansio"))
+    print(f"dsec: gateway on http://{host}:{port} over Ray", flush=True)
     await server.serve()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from dsec.api import limits
 from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
                              Unsupported)
+from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
                              NodeInfo, PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
                              ShellRunRequest)
@@ -29,7 +30,7 @@ from dsec.node.execution import exec_events, run_exec
 from dsec.node.pool import WarmPool
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
-from dsec.placement.admission import NodeLoad, admit
+from dsec.placement.admission import NodeLoad, admit, fitting
 from dsec.node.host.netpolicy import NetworkManager
 from dsec.node.network import keep_network_audit
 from dsec.rl.jobs import reap_leases
@@ -59,6 +60,9 @@ class NodeService:
         self.pool = WarmPool(config.warm_pool)
         self._filler: asyncio.Task | None = None
         self._creating = 0
+        self._requests: dict[str, asyncio.Future] = {}  # request_id -> its create, starting
+        self._by_request: dict[str, str] | None = None   # request_id -> sandbox id, lazily
+        self._fncalls = self._fncall_mb = 0
         self._start_sem = asyncio.Semaphore(config.start_concurrency)
         self._stop_sem = asyncio.Semaphore(config.start_concurrency * 2)
 
@@ -173,6 +177,7 @@ class NodeService:
         return SandboxInfo(id=rec.id, node=self.node_id, backend=s.backend, image=s.image,
                            layers=s.layers, state=rec.state, cpu=s.cpu, memory_mb=s.memory_mb,
                            disk_mb=s.disk_mb, job=s.job, labels=s.labels,
+                           request_id=s.request_id,
                            created_at=rec.created_at, expires_at=rec.expires_at,
                            last_active_at=rec.last_active_at, error=rec.error)
 
@@ -181,11 +186,15 @@ class NodeService:
         used = await asyncio.to_thread(self.backends[rec.spec.backend].memory_bytes, rec)
         return self.info(rec).model_copy(update={"memory_used_mb": round(used / (1 << 20), 1)})
 
-    async def list(self, job: str | None = None,
-                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+    async def list(self, job: str | None = None, labels: dict[str, str] | None = None,
+                   request_id: str | None = None) -> list[SandboxInfo]:
+        """Sandboxes of this node; ``request_id`` matches a create's key and the keys
+        ``<request_id>#<i>`` of a batch's items."""
         out = []
         for rec in self.records.values():
             if job is not None and rec.spec.job != job:
+                continue
+            if request_id is not None and not _same_request(rec.spec.request_id, request_id):
                 continue
             if labels and any(rec.spec.labels.get(k) != v for k, v in labels.items()):
                 continue
@@ -193,12 +202,20 @@ class NodeService:
         return out
 
     def load(self) -> NodeLoad:
+        """What this node holds now; fncalls in flight count as what they reserve. Also
+        refreshes the node's sandbox gauge (the watcher asks every second)."""
         recs = self.records.values()
+        states = dict.fromkeys(("running", "paused", "starting"), 0)
+        for r in recs:
+            states[r.state] = states.get(r.state, 0) + 1
+        for state, n in states.items():
+            metrics.SANDBOXES.labels(state).set(n)
         return NodeLoad(node_id=self.node_id, backends=tuple(self.backends),
                         cpus=os.cpu_count() or 1, memory_mb=_host_memory_mb(),
                         sandboxes=len(self.records),
-                        memory_reserved_mb=sum(r.spec.memory_mb for r in recs),
-                        cpu_reserved=sum(r.spec.cpu for r in recs))
+                        memory_reserved_mb=sum(r.spec.memory_mb for r in recs)
+                        + self._fncall_mb,
+                        cpu_reserved=sum(r.spec.cpu for r in recs) + 0.05 * self._fncalls)
 
     async def node_info(self) -> NodeInfo:
         load = self.load()
@@ -232,6 +249,39 @@ class NodeService:
         return req if req.max_output <= top else req.model_copy(update={"max_output": top})
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        """Start a sandbox; a ``request_id`` seen before returns that create's sandbox
+        (waiting for it if that create is still starting) instead of making another."""
+        if spec.request_id is None:
+            return await self._create(spec)
+        if (rec := self._existing(spec.request_id)) is not None:
+            return self.info(rec)
+        pending = self._requests.get(spec.request_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        task = asyncio.ensure_future(self._create(spec))
+        task.add_done_callback(lambda t: self._remember(spec.request_id, t))
+        self._requests[spec.request_id] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._requests.pop(spec.request_id, None)
+            else:
+                task.add_done_callback(lambda _: self._requests.pop(spec.request_id, None))
+
+    def _existing(self, request_id: str) -> SandboxRecord | None:
+        if self._by_request is None:  # first use since the node opened: index what it found
+            self._by_request = {r.spec.request_id: r.id for r in self.records.values()
+                                if r.spec.request_id}
+        sb_id = self._by_request.get(request_id)
+        return self.records.get(sb_id) if sb_id else None
+
+    def _remember(self, request_id: str, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._existing(request_id)  # builds the index if needed
+            self._by_request[request_id] = task.result().id
+
+    async def _create(self, spec: SandboxSpec) -> SandboxInfo:
         self._check_spec(spec)
         reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
                        self.config.admission)
@@ -293,17 +343,29 @@ class NodeService:
         metrics.CREATE_SECONDS.labels(spec.backend).observe(time.perf_counter() - t0)
         return self.info(rec)
 
-    async def create_many(self, count: int, spec: SandboxSpec) -> tuple[list[SandboxInfo],
-                                                                          list[str]]:
+    async def create_many(self, count: int, spec: SandboxSpec, request_id: str | None = None,
+                          first_index: int = 0) -> tuple[list[SandboxInfo], list[str]]:
+        """``count`` sandboxes at once. As many as admission lets in are made; each of the
+        rest gets its own error. With ``request_id`` item ``i`` is keyed
+        ``<request_id>#<first_index + i>``, so a retried batch makes only what is missing."""
         self._check_spec(spec)
-        reason = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
-                       self.config.admission, count=count)
-        if reason:
-            raise Capacity(reason)
-        results = await asyncio.gather(*(self.create(spec) for _ in range(count)),
+        fit = fitting(self.load(), spec.backend, spec.memory_mb, spec.cpu,
+                      self.config.admission, count)
+        if fit == 0:
+            raise Capacity(admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
+                                 self.config.admission) or "node is full")
+        specs = [spec if request_id is None else
+                 spec.model_copy(update={"request_id": f"{request_id}#{first_index + i}"})
+                 for i in range(count)]
+        results = await asyncio.gather(*(self.create(s) for s in specs[:fit]),
                                        return_exceptions=True)
         made = [r for r in results if isinstance(r, SandboxInfo)]
-        errors = [str(r) for r in results if not isinstance(r, SandboxInfo)]
+        errors = [f"item {first_index + i}: {r}" for i, r in enumerate(results)
+                  if not isinstance(r, SandboxInfo)]
+        if fit < count:
+            why = admit(self.load(), spec.backend, spec.memory_mb, spec.cpu,
+                        self.config.admission) or "node is full"
+            errors += [f"item {first_index + i}: capacity: {why}" for i in range(fit, count)]
         return made, errors
 
     async def stop(self, sb_id: str) -> None:
@@ -421,6 +483,31 @@ class NodeService:
             raise Unsupported(f"node {self.node_id} has no layer store")
         return images
 
+    # ---- stateless calls ----
+    def _fncall_backend(self):
+        backend = self.backends.get("fncall")
+        if backend is None:
+            raise Unsupported(f"node {self.node_id} has no fncall backend")
+        return backend
+
+    async def fncall(self, req: FnCallRequest) -> FnCallResult:
+        """One call on a pooled worker; counted in this node's load while it runs."""
+        return await self._fncalling([req], lambda b: b.call(req))
+
+    async def fncall_many(self, calls: list[FnCallRequest]) -> list[FnCallResult]:
+        return await self._fncalling(calls, lambda b: b.call_many(calls))
+
+    async def _fncalling(self, calls: list[FnCallRequest], run):
+        backend = self._fncall_backend()
+        mb = sum(c.memory_mb for c in calls)
+        self._fncalls += len(calls)
+        self._fncall_mb += mb
+        try:
+            return await run(backend)
+        finally:
+            self._fncalls -= len(calls)
+            self._fncall_mb -= mb
+
     async def list_images(self) -> list[ImageSummary]:
         infos = await asyncio.to_thread(self._images().list_images)
         return [ImageSummary(name=i.name, digest=i.manifest_digest, layers=i.layers,
@@ -498,3 +585,8 @@ def _backend_of_dir(d: Path, backends: dict[str, Backend]) -> str:
 
 def _host_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+def _same_request(key: str | None, request_id: str) -> bool:
+    """``key`` is ``request_id`` itself or one item of the batch it names."""
+    return key is not None and (key == request_id or key.startswith(request_id + "#"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NodeLoad", "AdmissionPolicy", "admit"]
+__all__ = ["NodeLoad", "AdmissionPolicy", "admit", "fitting", "room"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,21 @@ def admit(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
         return (f"node {load.node_id} has {load.cpu_reserved:g} CPUs reserved of {cpu_cap:g} "
                 f"it may promise; {count} x {cpu:g} CPUs more do not fit")
     return None
+
+
+def room(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
+         policy: AdmissionPolicy = AdmissionPolicy()) -> int:
+    """How many more such sandboxes the node may take now (0 without the backend)."""
+    if backend not in load.backends:
+        return 0
+    by_count = policy.max_sandboxes - load.sandboxes
+    by_mem = (load.memory_mb * policy.memory_overcommit - load.memory_reserved_mb) / max(
+        memory_mb, 1)
+    by_cpu = (load.cpus * policy.cpu_overcommit - load.cpu_reserved) / max(cpu, 1e-9)
+    return max(0, int(min(by_count, by_mem + 1e-9, by_cpu + 1e-9)))
+
+
+def fitting(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
+            policy: AdmissionPolicy = AdmissionPolicy(), count: int = 1) -> int:
+    """How many of ``count`` such sandboxes the node may take now."""
+    return min(count, room(load, backend, memory_mb, cpu, policy))

@@ -7,12 +7,13 @@ load, where load counts the gateway's own recent placements too, so several gate
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping, Sequence
 
-from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
+from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit, room
 
-__all__ = ["choose_node", "score", "refusal"]
+__all__ = ["choose_node", "score", "refusal", "split_batch", "rendezvous"]
 
 
 def score(load: NodeLoad, recent: int) -> float:
@@ -51,3 +52,35 @@ def refusal(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
                            or f"node {n.node_id} has room again; retry")
     head = f"no node can take {count} {backend} sandbox(es) of {cpu:g} CPU and {memory_mb} MiB"
     return f"{head}: " + ("; ".join(reasons) if reasons else "there are no nodes")
+
+
+def split_batch(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
+                count: int, pending: Mapping[str, int] | None = None,
+                policy: AdmissionPolicy = AdmissionPolicy()) -> tuple[dict[str, int], int]:
+    """Split ``count`` sandboxes over the nodes in proportion to their free room.
+
+    Room is what admission would still let in, less this gateway's placements the loads
+    do not show yet (``pending``, counted in sandboxes). Largest remainders round the
+    shares, so the result sums to ``min(count, total room)``; nothing goes to a node past
+    its room. Returns ``({node_id: share}, left_over)``. Pure."""
+    pending = pending or {}
+    rooms = {n.node_id: max(0, room(n, backend, memory_mb, cpu, policy)
+                            - pending.get(n.node_id, 0)) for n in loads}
+    total = sum(rooms.values())
+    want = min(count, total)
+    if want == 0:
+        return {}, count
+    exact = {k: want * r / total for k, r in rooms.items()}
+    shares = {k: int(v) for k, v in exact.items()}
+    short = want - sum(shares.values())
+    for k in sorted(exact, key=lambda k: (shares[k] - exact[k], k))[:short]:
+        shares[k] += 1
+    return {k: v for k, v in shares.items() if v}, count - want
+
+
+def rendezvous(loads: Sequence[NodeLoad], key: str) -> NodeLoad | None:
+    """The node ``key`` hashes highest with (rendezvous hashing): the same node for the
+    same key while it is in ``loads``, and only the keys of a node that leaves move. Pure."""
+    def weight(n: NodeLoad) -> bytes:
+        return hashlib.blake2b(f"{key}\0{n.node_id}".encode(), digest_size=8).digest()
+    return max(loads, key=weight, default=None)

@@ -1,18 +1,41 @@
-"""Helpers shared by the routers: find the cluster and the node owning a sandbox."""
+"""Helpers shared by the routers: the gateway's parts, and the node owning a sandbox."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 
+from dsec.api.errors import NodeLost
 from dsec.cluster.base import Cluster
-from dsec.node.service import NodeService
+from dsec.cluster.nodeclient import NodeClient
+from dsec.gateway.placer import Placer
+from dsec.gateway.watcher import Watcher
 
-__all__ = ["cluster_of", "node_of"]
-
-
-def cluster_of(request: Request) -> Cluster:
-    return request.app.state.cluster
+__all__ = ["Gateway", "gateway_of", "client_for"]
 
 
-def node_of(request: Request, sb_id: str) -> NodeService:
-    return cluster_of(request).node_for(sb_id)
+@dataclass
+class Gateway:
+    """What every route of one gateway shares; no per-sandbox state."""
+
+    cluster: Cluster
+    watcher: Watcher
+    placer: Placer
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def client_for(request: Request, sb_id: str) -> NodeClient:
+    """The node named in ``sb_id``: NotFound if no node has that name, NodeLost at once if
+    the watcher saw it stop answering (no request is sent to it)."""
+    gw = gateway_of(request)
+    client = gw.cluster.client_for(sb_id)
+    if not gw.watcher.healthy(client.node_id):
+        view = gw.watcher.view(client.node_id)
+        why = f" ({view.error})" if view is not None and view.error else ""
+        raise NodeLost(f"node {client.node_id}, which holds {sb_id}, does not answer{why}; "
+                       "its sandboxes are reachable again when it comes back")
+    return client

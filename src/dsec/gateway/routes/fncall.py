@@ -2,42 +2,43 @@
 
 from __future__ import annotations
 
-import random
-from collections import Counter
-
 from fastapi import APIRouter, Request
 
 from dsec.api.errors import Capacity
 from dsec.api.fncall import FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult
-from dsec.gateway.routes.common import cluster_of
-from dsec.placement.choose import choose_node, refusal
+from dsec.gateway import metrics
+from dsec.gateway.routes.common import gateway_of
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1")
-_recent: Counter[str] = Counter()
+
+FNCALL_CPU = 0.05  # what a call reserves while it runs, as placement counts it
 
 
-def _backend(request: Request, memory_mb: int, count: int = 1):
-    """The fncall backend of the node placement picks for ``count`` calls."""
-    nodes = {n.node_id: n for n in cluster_of(request).nodes()}
-    chosen = choose_node([n.load() for n in nodes.values()], "fncall", memory_mb, 0.05,
-                         recent=_recent, rng=random.Random())
-    if chosen is None:
-        raise Capacity(refusal([n.load() for n in nodes.values()], "fncall", memory_mb, 0.05))
-    _recent[chosen.node_id] += count
-    if len(_recent) > 1024:
-        _recent.clear()
-    return nodes[chosen.node_id].backends["fncall"]
+async def _placed(request: Request, memory_mb: int, count: int, call):
+    """Run ``call(node)`` on the node placement picks; on a refusal, the next one."""
+    gw = gateway_of(request)
+    tried: list[str] = []
+    while True:
+        client = gw.placer.choose("fncall", memory_mb, FNCALL_CPU, count, exclude=tried)
+        try:
+            return await call(client)
+        except Capacity:
+            tried.append(client.node_id)
+            metrics.RETRIES.labels("refused").inc()
+            if len(tried) >= len(gw.cluster.clients()):
+                raise
 
 
 @router.post("/fncall", response_model=FnCallResult)
 async def fncall(request: Request, req: FnCallRequest) -> FnCallResult:
-    return await _backend(request, req.memory_mb).call(req)
+    return await _placed(request, req.memory_mb, 1, lambda c: c.fncall(req))
 
 
 @router.post("/fncall/batch", response_model=FnCallBatchResult)
 async def fncall_batch(request: Request, batch: FnCallBatch) -> FnCallBatchResult:
     top = max(c.memory_mb for c in batch.calls)
-    backend = _backend(request, top, len(batch.calls))
-    return FnCallBatchResult(results=await backend.call_many(batch.calls))
+    results = await _placed(request, top, len(batch.calls),
+                            lambda c: c.fncall_many(batch.calls))
+    return FnCallBatchResult(results=results)

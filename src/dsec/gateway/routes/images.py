@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
-from dsec.gateway.routes.common import cluster_of
+from dsec.api.errors import NotFound
+from dsec.gateway.routes.common import gateway_of
+from dsec.gateway.spread import healthy_clients
 
 __all__ = ["router"]
 
@@ -13,6 +17,14 @@ router = APIRouter(prefix="/v1")
 
 @router.delete("/images/{name:path}", status_code=204)
 async def remove_image(request: Request, name: str) -> None:
-    """Untag an image; its manifest and layers go unless another image or a sandbox keeps
-    them."""
-    await cluster_of(request).nodes()[0].remove_image(name)
+    """Untag an image on every node; its manifest and layers go unless another image or a
+    sandbox keeps them. NotFound only when no node had it."""
+    clients, _ = healthy_clients(gateway_of(request))
+    got = await asyncio.gather(*(c.remove_image(name) for c in clients),
+                               return_exceptions=True)
+    misses = [r for r in got if isinstance(r, NotFound)]
+    if clients and len(misses) == len(clients):
+        raise misses[0]
+    for r in got:
+        if isinstance(r, BaseException) and not isinstance(r, NotFound):
+            raise r

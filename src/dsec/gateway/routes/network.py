@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from dsec.api.rl import NetworkRequest, NetworkStatus
-from dsec.gateway.routes.common import node_of
-from dsec.node.network import network_status, set_network
+from dsec.gateway.routes.common import client_for
 
 __all__ = ["router"]
 
@@ -15,9 +14,9 @@ router = APIRouter(prefix="/v1/sandboxes/{sb_id}/network")
 
 @router.get("", response_model=NetworkStatus)
 async def get_network(request: Request, sb_id: str) -> NetworkStatus:
-    return await network_status(node_of(request, sb_id), sb_id)
+    return await client_for(request, sb_id).network(sb_id)
 
 
 @router.put("", response_model=NetworkStatus)
 async def put_network(request: Request, sb_id: str, req: NetworkRequest) -> NetworkStatus:
-    return await set_network(node_of(request, sb_id), sb_id, req.allow)
+    return await client_for(request, sb_id).set_network(sb_id, req.allow)

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import random
-from collections import Counter
+import asyncio
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from dsec.api.errors import Capacity, InvalidArgument
+from dsec.api.errors import Capacity, DSecError, InvalidArgument
 from dsec.api.models import (CreateManyRequest, ExecRequest, ExecResult, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
                              SandboxSpec, ShellInfo, ShellRunRequest)
-from dsec.gateway.routes.common import cluster_of, node_of
-from dsec.placement.choose import choose_node, refusal
+from dsec.cluster.http import load_to_wire
+from dsec.gateway import metrics
+from dsec.gateway.routes.common import client_for, gateway_of
+from dsec.gateway.spread import create_batch, healthy_clients
+from dsec.placement.admission import NodeLoad
 
 __all__ = ["router", "CreateManyResponse"]
 
 router = APIRouter(prefix="/v1")
-_recent: Counter[str] = Counter()  # this gateway's recent placements, see placement.choose
 
 
 class CreateManyResponse(BaseModel):
@@ -27,80 +28,91 @@ class CreateManyResponse(BaseModel):
     errors: list[str]
 
 
-def _place(request: Request, spec: SandboxSpec, count: int = 1):
-    nodes = {n.node_id: n for n in cluster_of(request).nodes()}
-    chosen = choose_node([n.load() for n in nodes.values()], spec.backend, spec.memory_mb * count,
-                         spec.cpu * count, recent=_recent, rng=random.Random())
-    if chosen is None:
-        raise Capacity(refusal([n.load() for n in nodes.values()], spec.backend,
-                               spec.memory_mb, spec.cpu, count))
-    _recent[chosen.node_id] += count
-    if len(_recent) > 1024:
-        _recent.clear()
-    return nodes[chosen.node_id]
-
-
 @router.post("/sandboxes", response_model=SandboxInfo, status_code=201)
 async def create(request: Request, spec: SandboxSpec) -> SandboxInfo:
-    return await _place(request, spec).create(spec)
+    """Placed on the node placement picks; a node that refuses (its admission has the last
+    word) is skipped and the next choice tried."""
+    gw = gateway_of(request)
+    tried: list[str] = []
+    while True:
+        client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
+                                  key=spec.request_id)
+        try:
+            return await client.create(spec)
+        except Capacity:
+            tried.append(client.node_id)
+            metrics.RETRIES.labels("refused").inc()
+            if len(tried) >= len(gw.cluster.clients()):
+                raise
 
 
 @router.post("/sandboxes/batch", response_model=CreateManyResponse, status_code=201)
 async def create_many(request: Request, req: CreateManyRequest) -> CreateManyResponse:
-    made, errors = await _place(request, req.spec, req.count).create_many(req.count, req.spec)
+    """Split over the nodes by free room, one request per node, all at once. What fits
+    nowhere gets a per-item error; a retry with the same ``request_id`` makes only what
+    the first attempt did not."""
+    made, errors = await create_batch(gateway_of(request), req)
     return CreateManyResponse(sandboxes=made, errors=errors)
 
 
 @router.get("/sandboxes", response_model=SandboxList)
 async def list_sandboxes(request: Request, job: str | None = None,
-                         label: list[str] = Query(default=[])) -> SandboxList:
+                         label: list[str] = Query(default=[]),
+                         request_id: str | None = None) -> SandboxList:
     labels = {}
     for item in label:
         k, sep, v = item.partition("=")
         if not sep:
             raise InvalidArgument(f"label filter must be key=value; got {item!r}")
         labels[k] = v
+    clients, down = healthy_clients(gateway_of(request))
+    results = await asyncio.gather(*(c.list(job=job, labels=labels, request_id=request_id)
+                                     for c in clients), return_exceptions=True)
     out = []
-    for node in cluster_of(request).nodes():
-        out.extend(await node.list(job=job, labels=labels))
-    return SandboxList(sandboxes=out)
+    for c, r in zip(clients, results):
+        if isinstance(r, DSecError):
+            down.append(c.node_id)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            out.extend(r)
+    return SandboxList(sandboxes=out, unreachable=down)
 
 
 @router.get("/sandboxes/{sb_id}", response_model=SandboxInfo)
 async def get(request: Request, sb_id: str) -> SandboxInfo:
-    return await node_of(request, sb_id).get(sb_id)
+    return await client_for(request, sb_id).get(sb_id)
 
 
 @router.delete("/sandboxes/{sb_id}", status_code=204)
 async def stop(request: Request, sb_id: str) -> None:
-    await node_of(request, sb_id).stop(sb_id)
+    await client_for(request, sb_id).stop(sb_id)
 
 
 @router.post("/sandboxes/{sb_id}/pause", response_model=SandboxInfo)
 async def pause(request: Request, sb_id: str) -> SandboxInfo:
-    return await node_of(request, sb_id).pause(sb_id)
+    return await client_for(request, sb_id).pause(sb_id)
 
 
 @router.post("/sandboxes/{sb_id}/resume", response_model=SandboxInfo)
 async def resume(request: Request, sb_id: str) -> SandboxInfo:
-    return await node_of(request, sb_id).resume(sb_id)
+    return await client_for(request, sb_id).resume(sb_id)
 
 
 @router.post("/sandboxes/{sb_id}/exec", response_model=ExecResult)
 async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
-    result = await node_of(request, sb_id).exec(sb_id, req)
-    return _result_response(result)
+    return _result_response(await client_for(request, sb_id).exec(sb_id, req))
 
 
 @router.post("/sandboxes/{sb_id}/shells", response_model=ShellInfo, status_code=201)
 async def shell_open(request: Request, sb_id: str) -> ShellInfo:
-    return await node_of(request, sb_id).shell_open(sb_id)
+    return await client_for(request, sb_id).shell_open(sb_id)
 
 
 @router.post("/sandboxes/{sb_id}/shells/{sh_id}/run", response_model=ExecResult)
 async def shell_run(request: Request, sb_id: str, sh_id: str,
                     req: ShellRunRequest) -> Response:
-    return _result_response(await node_of(request, sb_id).shell_run(sb_id, sh_id, req))
+    return _result_response(await client_for(request, sb_id).shell_run(sb_id, sh_id, req))
 
 
 def _result_response(result: ExecResult) -> Response:
@@ -112,32 +124,43 @@ def _result_response(result: ExecResult) -> Response:
 
 @router.delete("/sandboxes/{sb_id}/shells/{sh_id}", status_code=204)
 async def shell_close(request: Request, sb_id: str, sh_id: str) -> None:
-    await node_of(request, sb_id).shell_close(sb_id, sh_id)
+    await client_for(request, sb_id).shell_close(sb_id, sh_id)
 
 
 @router.post("/sandboxes/{sb_id}/pack_diff", response_model=ImageSummary)
 async def pack_diff(request: Request, sb_id: str, req: PackDiffRequest) -> ImageSummary:
-    return await node_of(request, sb_id).pack_diff(sb_id, req)
+    return await client_for(request, sb_id).pack_diff(sb_id, req)
 
 
 @router.get("/sandboxes/{sb_id}/screenshot", response_class=Response,
             responses={200: {"content": {"image/png": {}}}})
 async def screenshot(request: Request, sb_id: str) -> Response:
     """The sandbox's display as PNG (``backend="vm"``; others answer Unsupported)."""
-    return Response(await node_of(request, sb_id).screenshot(sb_id), media_type="image/png")
+    return Response(await client_for(request, sb_id).screenshot(sb_id), media_type="image/png")
 
 
 @router.post("/sandboxes/{sb_id}/input", status_code=204)
 async def input_(request: Request, sb_id: str, req: InputRequest) -> None:
     """Type text, press keys or click (``backend="vm"``)."""
-    await node_of(request, sb_id).input(sb_id, req)
+    await client_for(request, sb_id).input(sb_id, req)
 
 
 @router.get("/images", response_model=list[ImageSummary])
 async def images(request: Request) -> list[ImageSummary]:
-    return await cluster_of(request).nodes()[0].list_images()
+    clients, _ = healthy_clients(gateway_of(request))
+    return await clients[0].list_images() if clients else []
+
+
+@router.get("/nodes/load", include_in_schema=False)
+async def node_loads(request: Request) -> list[dict]:
+    """Each healthy node's load now: what a gateway's watcher reads off a node's own API."""
+    clients, _ = healthy_clients(gateway_of(request))
+    got = await asyncio.gather(*(c.load() for c in clients), return_exceptions=True)
+    return [load_to_wire(n) for n in got if isinstance(n, NodeLoad)]
 
 
 @router.get("/nodes", response_model=list[NodeInfo])
 async def nodes(request: Request) -> list[NodeInfo]:
-    return [await n.node_info() for n in cluster_of(request).nodes()]
+    clients, _ = healthy_clients(gateway_of(request))
+    got = await asyncio.gather(*(c.node_info() for c in clients), return_exceptions=True)
+    return [n for n in got if isinstance(n, NodeInfo)]

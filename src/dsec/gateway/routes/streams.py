@@ -11,8 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from dsec.api.errors import DSecError
 from dsec.api.models import ExecRequest
-from dsec.gateway.routes.common import node_of
-from dsec.node.agent.client import AgentGone
+from dsec.gateway.routes.common import client_for
 
 __all__ = ["router"]
 
@@ -22,7 +21,7 @@ router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
 @router.post("/exec/stream", response_class=StreamingResponse)
 async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> StreamingResponse:
     """NDJSON lines of ExecEvent: output chunks as they come, then one ``exit``."""
-    events = node_of(request, sb_id).exec_stream(sb_id, req)
+    events = client_for(request, sb_id).exec_stream(sb_id, req)
     first = await events.__anext__()  # errors such as an unknown id surface as a status
 
     async def lines() -> AsyncIterator[bytes]:
@@ -48,7 +47,7 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
     resizes; the server ends with a text frame ``{"exit": code}``."""
     await ws.accept()
     try:
-        proc = await node_of(ws, sb_id).pty(sb_id, None, rows, cols)  # type: ignore[arg-type]
+        session = await client_for(ws, sb_id).pty(sb_id, rows, cols)  # type: ignore[arg-type]
     except DSecError as exc:
         await ws.send_text(json.dumps(exc.to_wire()))
         await ws.close()
@@ -60,27 +59,25 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
             if msg["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect()
             if msg.get("bytes"):
-                proc.write_stdin(msg["bytes"])
+                await session.send(msg["bytes"])
             elif msg.get("text"):
                 ctl = json.loads(msg["text"])
                 if "resize" in ctl:
-                    proc.resize(*ctl["resize"])
-            await proc.drain()
+                    await session.resize(*ctl["resize"])
 
     reader = asyncio.create_task(pump_in())
     try:
         while True:
-            kind, data = await proc.next_event()
-            if kind == "exit":
-                await ws.send_text(json.dumps({"exit": proc.exit_code}))
+            out = await session.receive()
+            if isinstance(out, int):
+                await ws.send_text(json.dumps({"exit": out}))
                 break
-            await ws.send_bytes(data)
-    except (AgentGone, WebSocketDisconnect):
+            await ws.send_bytes(out)
+    except (DSecError, ConnectionError, WebSocketDisconnect):
         pass
     finally:
         reader.cancel()
-        proc.send_signal(9)
-        proc.close()
+        await session.close()
         try:
             await ws.close()
         except RuntimeError:

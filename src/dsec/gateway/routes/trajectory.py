@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 
 from dsec.api.rl import AuditList, TrajectoryPage
-from dsec.gateway.routes.common import node_of
-from dsec.node.network import audit_records
+from dsec.gateway.routes.common import client_for
 
 __all__ = ["router"]
 
@@ -17,10 +16,9 @@ router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
 async def trajectory(request: Request, sb_id: str,
                      offset: int = Query(0, ge=0, le=(1 << 63) - 1),  # SQLite's integers
                      limit: int = Query(1000, ge=1, le=100000)) -> TrajectoryPage:
-    log = node_of(request, sb_id).trajectory.log
-    return TrajectoryPage(entries=log.entries(sb_id, offset, limit), total=log.count(sb_id))
+    return await client_for(request, sb_id).trajectory(sb_id, offset, limit)
 
 
 @router.get("/audit", response_model=AuditList)
 async def audit(request: Request, sb_id: str) -> AuditList:
-    return AuditList(records=await audit_records(node_of(request, sb_id), sb_id))
+    return AuditList(records=await client_for(request, sb_id).audit(sb_id))

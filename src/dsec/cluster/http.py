@@ -1,0 +1,349 @@
+"""A node agent on another machine, behind the NodeClient interface, over its HTTP API.
+
+The node's API is the gateway app over that node alone, so each verb here is one request
+to the same route a user would call. Bodies stream both ways. Failures to reach the node
+become :class:`NodeLost` naming it (a short connect timeout, so a dead node is known in
+about a second). Keep-alive: this client drops an idle connection well before the node's
+server would (``KEEPALIVE_S`` < the node's ``timeout_keep_alive``), so a request is never
+written onto a connection the node is closing; a request that may be repeated safely
+(GET, DELETE, the load probe) is retried once on a connection that turned out stale.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from urllib.parse import quote
+
+import httpx
+
+from dsec.api.errors import DSecError, NodeLost, NotFound, error_from_wire
+from dsec.api.fncall import FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult
+from dsec.api.models import (CreateManyRequest, ExecEvent, ExecRequest, ExecResult, FileInfo,
+                             FileList, ImageSummary, InputRequest, NodeInfo, PackDiffRequest,
+                             SandboxInfo, SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
+from dsec.api.rl import (AuditList, HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
+                         TrajectoryPage)
+from dsec.gateway import metrics
+from dsec.placement.admission import NodeLoad
+
+__all__ = ["HttpNodeClient", "KEEPALIVE_S", "NODE_KEEPALIVE_S", "load_to_wire"]
+
+KEEPALIVE_S = 4.0        # this client forgets an idle connection after this long...
+NODE_KEEPALIVE_S = 30.0  # ...well before a node's server closes one (uvicorn's setting)
+CONNECT_S = 1.0
+IDEMPOTENT = {"GET", "HEAD", "DELETE", "PUT"}
+STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def load_to_wire(load: NodeLoad) -> dict:
+    return asdict(load)
+
+
+def _load_from_wire(d: dict) -> NodeLoad:
+    return NodeLoad(**{**d, "backends": tuple(d["backends"])})
+
+
+class _Stream:
+    """A response body not read yet (a file or a tar coming from the node)."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self.resp = resp
+        length = resp.headers.get("content-length")
+        self.size = int(length) if length and length.isdigit() else None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.resp.aiter_raw():
+                yield chunk
+        finally:
+            await self.resp.aclose()
+
+
+class _WsPty:
+    """A terminal on the node, relayed over its WebSocket."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+
+    async def send(self, data: bytes) -> None:
+        await self.ws.send(data)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await self.ws.send(json.dumps({"resize": [rows, cols]}))
+
+    async def receive(self) -> bytes | int:
+        msg = await self.ws.recv()
+        if isinstance(msg, bytes):
+            return msg
+        body = json.loads(msg)
+        if "exit" in body:
+            return int(body["exit"]) if body["exit"] is not None else -1
+        raise error_from_wire(body, 500)
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+class HttpNodeClient:
+    """One remote node agent: ``url`` of its API, ``token`` the cluster credential."""
+
+    in_process = False
+
+    def __init__(self, node_id: str, url: str, token: str, max_connections: int = 256) -> None:
+        self.node_id, self.url, self.token = node_id, url.rstrip("/"), token
+        self.short = node_id.removeprefix("node-")
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers={"authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(None, connect=CONNECT_S),
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections,
+                                keepalive_expiry=KEEPALIVE_S))
+
+    # ---- transport ----
+    def _lost(self, exc: Exception) -> NodeLost:
+        err = NodeLost(f"node {self.node_id} at {self.url} does not answer "
+                       f"({type(exc).__name__}); its sandboxes are reachable again when it "
+                       "comes back")
+        err.node_id = self.node_id
+        return err
+
+    async def _send(self, method: str, path: str, stream: bool = False, **kw) -> httpx.Response:
+        req = self.http.build_request(method, path, **kw)
+        for attempt in (0, 1):
+            try:
+                resp = await self.http.send(req, stream=stream)
+                break
+            except STALE as exc:
+                if attempt or method not in IDEMPOTENT or "content" in kw and not isinstance(
+                        kw["content"], bytes):
+                    raise self._lost(exc) from exc
+                metrics.RETRIES.labels("stale_connection").inc()
+            except httpx.TransportError as exc:
+                raise self._lost(exc) from exc
+        if resp.status_code >= 400:
+            if stream:
+                await resp.aread()
+                await resp.aclose()
+            raise _error(resp)
+        return resp
+
+    async def _json(self, method: str, path: str, **kw):
+        resp = await self._send(method, path, **kw)
+        return resp.json() if resp.content else None
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    # ---- the node ----
+    async def load(self) -> NodeLoad:
+        for d in await self._json("GET", "/v1/nodes/load"):
+            if d["node_id"] == self.node_id:
+                return _load_from_wire(d)
+        raise NodeLost(f"node at {self.url} answered without its own load ({self.node_id})")
+
+    async def node_info(self) -> NodeInfo:
+        infos = [NodeInfo.model_validate(d) for d in await self._json("GET", "/v1/nodes")]
+        return next(i for i in infos if i.id == self.node_id)
+
+    # ---- sandboxes ----
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        return SandboxInfo.model_validate(
+            await self._json("POST", "/v1/sandboxes", content=spec.model_dump_json(),
+                             headers={"content-type": "application/json"}))
+
+    async def create_many(self, count: int, spec: SandboxSpec, request_id: str | None = None,
+                          first_index: int = 0) -> tuple[list[SandboxInfo], list[str]]:
+        req = CreateManyRequest(count=count, spec=spec, request_id=request_id,
+                                first_index=first_index)
+        body = await self._json("POST", "/v1/sandboxes/batch", content=req.model_dump_json(),
+                                headers={"content-type": "application/json"})
+        return [SandboxInfo.model_validate(s) for s in body["sandboxes"]], body["errors"]
+
+    async def list(self, job: str | None = None, labels: dict[str, str] | None = None,
+                   request_id: str | None = None) -> list[SandboxInfo]:
+        params: list[tuple[str, str]] = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        if job is not None:
+            params.append(("job", job))
+        if request_id is not None:
+            params.append(("request_id", request_id))
+        body = await self._json("GET", "/v1/sandboxes", params=params)
+        return SandboxList.model_validate(body).sandboxes
+
+    async def get(self, sb_id: str) -> SandboxInfo:
+        return SandboxInfo.model_validate(await self._json("GET", f"/v1/sandboxes/{sb_id}"))
+
+    async def stop(self, sb_id: str) -> None:
+        await self._send("DELETE", f"/v1/sandboxes/{sb_id}")
+
+    async def pause(self, sb_id: str) -> SandboxInfo:
+        return SandboxInfo.model_validate(await self._json("POST",
+                                                           f"/v1/sandboxes/{sb_id}/pause"))
+
+    async def resume(self, sb_id: str) -> SandboxInfo:
+        return SandboxInfo.model_validate(await self._json("POST",
+                                                           f"/v1/sandboxes/{sb_id}/resume"))
+
+    # ---- commands ----
+    async def _post_model(self, path: str, model) -> httpx.Response:
+        return await self._send("POST", path, content=model.model_dump_json(),
+                                headers={"content-type": "application/json"})
+
+    async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/exec", req)
+        return ExecResult.model_validate_json(resp.content)
+
+    async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        resp = await self._send("POST", f"/v1/sandboxes/{sb_id}/exec/stream", stream=True,
+                                content=req.model_dump_json(),
+                                headers={"content-type": "application/json"})
+        try:
+            async for line in resp.aiter_lines():
+                if not line:
+                    continue
+                body = json.loads(line)
+                if "error" in body and "type" not in body:
+                    raise error_from_wire(body, 500)
+                yield ExecEvent.model_validate(body)
+        except httpx.TransportError as exc:
+            raise self._lost(exc) from exc
+        finally:
+            await resp.aclose()
+
+    async def shell_open(self, sb_id: str) -> ShellInfo:
+        return ShellInfo.model_validate(await self._json("POST",
+                                                         f"/v1/sandboxes/{sb_id}/shells"))
+
+    async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/shells/{sh_id}/run", req)
+        return ExecResult.model_validate_json(resp.content)
+
+    async def shell_close(self, sb_id: str, sh_id: str) -> None:
+        await self._send("DELETE", f"/v1/sandboxes/{sb_id}/shells/{sh_id}")
+
+    async def pty(self, sb_id: str, rows: int, cols: int) -> _WsPty:
+        from websockets.asyncio.client import connect
+        url = (self.url.replace("http", "ws", 1)
+               + f"/v1/sandboxes/{sb_id}/pty?rows={rows}&cols={cols}")
+        try:
+            ws = await connect(url, additional_headers={"authorization": f"Bearer {self.token}"},
+                               open_timeout=10)
+        except OSError as exc:
+            raise self._lost(exc) from exc
+        return _WsPty(ws)
+
+    # ---- files ----
+    async def file_read(self, sb_id: str, path: str) -> _Stream:
+        return _Stream(await self._send("GET", f"/v1/sandboxes/{sb_id}/files", stream=True,
+                                        params={"path": path}))
+
+    async def file_write(self, sb_id: str, path: str, mode: int,
+                         body: AsyncIterator[bytes]) -> FileInfo:
+        resp = await self._send("PUT", f"/v1/sandboxes/{sb_id}/files", content=body,
+                                params={"path": path, "mode": mode})
+        return FileInfo.model_validate(resp.json())
+
+    async def file_stat(self, sb_id: str, path: str) -> FileInfo:
+        return FileInfo.model_validate(await self._json(
+            "GET", f"/v1/sandboxes/{sb_id}/files/stat", params={"path": path}))
+
+    async def file_list(self, sb_id: str, path: str) -> list[FileInfo]:
+        return FileList.model_validate(await self._json(
+            "GET", f"/v1/sandboxes/{sb_id}/files/list", params={"path": path})).entries
+
+    async def file_mkdir(self, sb_id: str, path: str, parents: bool) -> FileInfo:
+        return FileInfo.model_validate(await self._json(
+            "POST", f"/v1/sandboxes/{sb_id}/files/mkdir",
+            params={"path": path, "parents": str(parents).lower()}))
+
+    async def file_remove(self, sb_id: str, path: str, recursive: bool) -> None:
+        await self._send("DELETE", f"/v1/sandboxes/{sb_id}/files",
+                         params={"path": path, "recursive": str(recursive).lower()})
+
+    async def tar_read(self, sb_id: str, path: str) -> AsyncIterator[bytes]:
+        resp = await self._send("GET", f"/v1/sandboxes/{sb_id}/files/tar", stream=True,
+                                params={"path": path})
+        return _Stream(resp).chunks()
+
+    async def tar_write(self, sb_id: str, path: str, body: AsyncIterator[bytes]) -> int:
+        resp = await self._send("PUT", f"/v1/sandboxes/{sb_id}/files/tar", content=body,
+                                params={"path": path})
+        return int(resp.json()["entries"])
+
+    # ---- snapshots, display, network, logs ----
+    async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/pack_diff", req)
+        return ImageSummary.model_validate(resp.json())
+
+    async def screenshot(self, sb_id: str) -> bytes:
+        return (await self._send("GET", f"/v1/sandboxes/{sb_id}/screenshot")).content
+
+    async def input(self, sb_id: str, req: InputRequest) -> None:
+        await self._post_model(f"/v1/sandboxes/{sb_id}/input", req)
+
+    async def network(self, sb_id: str) -> NetworkStatus:
+        return NetworkStatus.model_validate(await self._json(
+            "GET", f"/v1/sandboxes/{sb_id}/network"))
+
+    async def set_network(self, sb_id: str, allow: dict[str, bool]) -> NetworkStatus:
+        resp = await self._send("PUT", f"/v1/sandboxes/{sb_id}/network",
+                                content=NetworkRequest(allow=allow).model_dump_json(),
+                                headers={"content-type": "application/json"})
+        return NetworkStatus.model_validate(resp.json())
+
+    async def audit(self, sb_id: str):
+        return AuditList.model_validate(await self._json(
+            "GET", f"/v1/sandboxes/{sb_id}/audit")).records
+
+    async def trajectory(self, sb_id: str, offset: int, limit: int) -> TrajectoryPage:
+        return TrajectoryPage.model_validate(await self._json(
+            "GET", f"/v1/sandboxes/{sb_id}/trajectory",
+            params={"offset": offset, "limit": limit}))
+
+    # ---- jobs: a job with nothing on this node is not an error here ----
+    async def jobs(self):
+        return JobList.model_validate(await self._json("GET", "/v1/jobs")).jobs
+
+    async def _job(self, method: str, job: str, verb: str = "", **kw) -> None:
+        try:
+            await self._send(method, f"/v1/jobs/{quote(job, safe='')}{verb}", **kw)
+        except NotFound:
+            pass
+
+    async def job_pause(self, job: str) -> None:
+        await self._job("POST", job, "/pause")
+
+    async def job_resume(self, job: str) -> None:
+        await self._job("POST", job, "/resume")
+
+    async def job_stop(self, job: str) -> None:
+        await self._job("DELETE", job)
+
+    async def job_heartbeat(self, job: str, lease_s: float,
+                            stop_after_s: float | None) -> None:
+        req = HeartbeatRequest(lease_s=lease_s, stop_after_s=stop_after_s)
+        await self._job("POST", job, "/heartbeat", content=req.model_dump_json(),
+                        headers={"content-type": "application/json"})
+
+    # ---- stateless calls and images ----
+    async def fncall(self, req: FnCallRequest) -> FnCallResult:
+        return FnCallResult.model_validate((await self._post_model("/v1/fncall", req)).json())
+
+    async def fncall_many(self, calls: list[FnCallRequest]) -> list[FnCallResult]:
+        resp = await self._post_model("/v1/fncall/batch", FnCallBatch(calls=calls))
+        return FnCallBatchResult.model_validate(resp.json()).results
+
+    async def list_images(self) -> list[ImageSummary]:
+        return [ImageSummary.model_validate(d) for d in await self._json("GET", "/v1/images")]
+
+    async def remove_image(self, name: str) -> None:
+        await self._send("DELETE", f"/v1/images/{quote(name, safe='/:')}")
+
+
+def _error(resp: httpx.Response) -> DSecError:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = resp.text
+    return error_from_wire(body, resp.status_code)

@@ -1,0 +1,44 @@
+"""Prometheus metrics of the gateway itself (the node's own are in :mod:`dsec.node.metrics`
+when the node runs in this process)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = ["REQUESTS", "PLACEMENT_SECONDS", "RETRIES", "NODES", "NODE_SANDBOXES",
+           "RequestMetrics"]
+
+REQUESTS = Counter("dsec_gateway_requests_total", "Requests answered, by route and status",
+                   ["method", "route", "status"])
+PLACEMENT_SECONDS = Histogram("dsec_gateway_placement_seconds", "Time to choose a node",
+                              buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1))
+RETRIES = Counter("dsec_gateway_retries_total",
+                  "Requests sent again: to another node after a refusal, or on a stale "
+                  "connection", ["reason"])
+NODES = Gauge("dsec_gateway_nodes", "Nodes this gateway knows, by health", ["health"])
+NODE_SANDBOXES = Gauge("dsec_gateway_node_sandboxes",
+                       "Sandboxes on each node as the watcher last saw them", ["node"])
+
+
+class RequestMetrics:
+    """Plain ASGI middleware: count each answered request by route template and status."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def seen(msg):
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            REQUESTS.labels(scope["method"], route, str(status)).inc()

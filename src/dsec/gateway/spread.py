@@ -1,0 +1,119 @@
+"""Requests that concern many nodes: batches split over the cluster, and fan-outs.
+
+A batch of ``n`` is split by free room (:func:`~dsec.placement.choose.split_batch`) and
+sent as one request per node, all at once; a 32,000-sandbox job is one call and about one
+request per node. With a ``request_id`` each item is keyed ``<request_id>#<index>`` on
+the node that makes it, and a retry first asks the nodes which items exist, then makes
+only the missing ones: a client that retries never leaves orphans behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from dsec.api.errors import Capacity, DSecError
+from dsec.api.models import CreateManyRequest, SandboxInfo
+from dsec.cluster.nodeclient import NodeClient
+from dsec.gateway import metrics
+
+__all__ = ["create_batch", "healthy_clients", "runs"]
+
+
+def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
+    """The nodes to fan out to, and the ids of those left out as not answering."""
+    ok, down = [], []
+    for c in gw.cluster.clients():
+        (ok if gw.watcher.healthy(c.node_id) else down).append(c)
+    return ok, [c.node_id for c in down]
+
+
+def runs(indices: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted indices as ``(first, count)`` runs of consecutive ones. Pure."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(indices):
+        if out and out[-1][0] + out[-1][1] == i:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((i, 1))
+    return out
+
+
+def _index(info: SandboxInfo, request_id: str) -> int | None:
+    key = info.request_id or ""
+    head, sep, tail = key.rpartition("#")
+    return int(tail) if sep and head == request_id and tail.isdigit() else None
+
+
+async def _existing(gw, request_id: str) -> dict[int, SandboxInfo]:
+    clients, _ = healthy_clients(gw)
+    found = await asyncio.gather(*(c.list(request_id=request_id) for c in clients),
+                                 return_exceptions=True)
+    out: dict[int, SandboxInfo] = {}
+    for infos in found:
+        if isinstance(infos, list):
+            for info in infos:
+                i = _index(info, request_id)
+                if i is not None:
+                    out[i] = info
+    return out
+
+
+def _assign(shares: list[tuple[NodeClient, int]], missing: list[int]
+            ) -> list[tuple[NodeClient, int, int]]:
+    """Hand each node its share of the missing indices, as (node, first, count) runs."""
+    out, pos = [], 0
+    for client, n in shares:
+        for first, count in runs(missing[pos:pos + n]):
+            out.append((client, first, count))
+        pos += n
+    return out
+
+
+async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], list[str]]:
+    spec = req.spec
+    wanted = list(range(req.first_index, req.first_index + req.count))
+    made: dict[int, SandboxInfo] = {}
+    if req.request_id is not None:
+        made = await _existing(gw, req.request_id)
+    errors: list[str] = []
+    missing = [i for i in wanted if i not in made]
+    refused: set[str] = set()
+    for _ in range(3):  # a node that refuses its share: the rest go elsewhere, twice at most
+        if not missing:
+            break
+        shares, _left = gw.placer.split(spec.backend, spec.memory_mb, spec.cpu, len(missing),
+                                        exclude=refused)
+        jobs = _assign(shares, missing)
+        results = await asyncio.gather(*(
+            c.create_many(n, spec, req.request_id, first) for c, first, n in jobs),
+            return_exceptions=True)
+        again: list[int] = []
+        for (client, first, n), res in zip(jobs, results):
+            idx = range(first, first + n)
+            if isinstance(res, Capacity):
+                refused.add(client.node_id)
+                again.extend(idx)
+                metrics.RETRIES.labels("refused").inc()
+            elif isinstance(res, DSecError):
+                errors += [f"item {i}: {res.code}: {res}" for i in idx]
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                infos, errs = res
+                for k, info in enumerate(infos):
+                    made[_index(info, req.request_id) if req.request_id else first + k] = info
+                errors += errs
+        placed = {i for c, first, n in jobs for i in range(first, first + n)}
+        missing = sorted(again) + [i for i in missing if i not in placed]
+    if missing:
+        why = _why_not(gw, spec, len(missing))
+        errors += [f"item {i}: capacity: {why}" for i in missing]
+    return [made[i] for i in sorted(made)], errors
+
+
+def _why_not(gw, spec, count: int) -> str:
+    try:
+        return gw.placer.why_not(spec.backend, spec.memory_mb, spec.cpu, count)
+    except DSecError as exc:
+        return str(exc)

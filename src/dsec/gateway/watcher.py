@@ -1,0 +1,179 @@
+"""The watcher: the latest load and health of every node, kept fresh in the background.
+
+Placement reads this snapshot and never asks every node per request (at 160 nodes and
+5,000 creations a second that would be 800,000 calls a second). Each node's load is
+fetched every ``period_s``, and again at once when a request to that node fails (the
+node "reports a change" by failing). A node whose last good answer is older than
+``stale_after_s``, or that failed ``max_failures`` refreshes in a row, is unhealthy: it
+gets no placements and requests for its sandboxes fail fast with :class:`NodeLost`.
+
+The rules are the pure :func:`health` and :class:`Pending`; the loop is the only I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dsec.cluster.base import Cluster
+from dsec.cluster.nodeclient import NodeClient
+from dsec.placement.admission import NodeLoad
+
+__all__ = ["NodeView", "Pending", "Watcher", "health"]
+
+log = logging.getLogger("dsec.gateway.watcher")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the gateway last heard from one node."""
+
+    node_id: str
+    short: str
+    load: NodeLoad | None = None
+    seen_at: float | None = None  # monotonic time of the last good answer
+    failures: int = 0             # refreshes failed in a row
+    error: str | None = None      # why the last one failed
+    in_process: bool = False      # the node lives in this process: it cannot go away
+
+
+def health(view: NodeView, now: float, stale_after_s: float, max_failures: int = 2) -> bool:
+    """True when the node may get placements and requests: it answered recently enough
+    and has not failed ``max_failures`` times in a row since. Pure."""
+    if view.seen_at is None or view.load is None:
+        return False
+    if view.in_process:
+        return True
+    if view.failures >= max_failures:
+        return False
+    return now - view.seen_at <= stale_after_s
+
+
+@dataclass
+class Pending:
+    """This gateway's placements a node's snapshot does not show yet.
+
+    A placement is noted with the time it was made; a snapshot fetched after that time
+    includes it, so it is forgotten then. Without this, a burst of creates between two
+    refreshes would all go to the node that looked emptiest."""
+
+    placed: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def add(self, node_id: str, count: int, at: float) -> None:
+        self.placed.setdefault(node_id, []).append((at, count))
+
+    def seen(self, node_id: str, snapshot_started: float) -> None:
+        kept = [(t, n) for t, n in self.placed.get(node_id, []) if t >= snapshot_started]
+        if kept:
+            self.placed[node_id] = kept
+        else:
+            self.placed.pop(node_id, None)
+
+    def counts(self) -> dict[str, int]:
+        return {k: sum(n for _, n in v) for k, v in self.placed.items()}
+
+
+class Watcher:
+    """Refreshes every node's view of ``cluster`` in the background."""
+
+    def __init__(self, cluster: Cluster, period_s: float = 1.0, stale_after_s: float = 4.0,
+                 timeout_s: float = 2.0, max_failures: int = 2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = cluster
+        self.period_s, self.stale_after_s = period_s, stale_after_s
+        self.timeout_s, self.max_failures = timeout_s, max_failures
+        self.clock = clock
+        self.views: dict[str, NodeView] = {}
+        self._clients: dict[str, NodeClient] = {}
+        self.pending = Pending()
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    # ---- reading the snapshot (no I/O) ----
+    def healthy(self, node_id: str) -> bool:
+        view = self.views.get(node_id)
+        return view is not None and health(view, self.clock(), self.stale_after_s,
+                                           self.max_failures)
+
+    def loads(self) -> list[NodeLoad]:
+        """Loads of the healthy nodes, as last seen (a node in this process: as it is now,
+        since reading it costs no I/O)."""
+        out = []
+        for v in self.views.values():
+            if not self.healthy(v.node_id):
+                continue
+            now = getattr(self._clients.get(v.node_id), "load_now", None)
+            out.append(now() if v.in_process and now is not None else v.load)
+        return out
+
+    def down(self) -> list[str]:
+        """Node ids that are known but unhealthy now."""
+        return [k for k in self.views if not self.healthy(k)]
+
+    def view(self, node_id: str) -> NodeView | None:
+        return self.views.get(node_id)
+
+    # ---- keeping it fresh ----
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="dsec-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def report_failure(self, node_id: str, error: str) -> None:
+        """A request to the node failed: count it and refresh now, not at the next tick."""
+        view = self.views.get(node_id)
+        if view is not None:
+            self.views[node_id] = replace(view, failures=view.failures + 1, error=error)
+        self._wake.set()
+
+    async def refresh(self) -> None:
+        clients = self.cluster.clients()
+        self._clients = {c.node_id: c for c in clients}
+        for gone in set(self.views) - set(self._clients):
+            self.views.pop(gone, None)
+        await asyncio.gather(*(self._refresh_one(c) for c in clients))
+
+    async def _refresh_one(self, client: NodeClient) -> None:
+        started = self.clock()
+        view = self.views.get(client.node_id) or NodeView(
+            client.node_id, client.short, in_process=getattr(client, "in_process", False))
+        try:
+            load = await asyncio.wait_for(client.load(), self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any failure makes the node suspect
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if view.failures == 0:
+                log.warning("node %s did not answer: %s", client.node_id, why)
+            self.views[client.node_id] = replace(view, failures=view.failures + 1, error=why)
+            return
+        if not isinstance(load, NodeLoad) or load.node_id != client.node_id:
+            self.views[client.node_id] = replace(
+                view, failures=self.max_failures, error="answered with another node's load")
+            return
+        if view.failures:
+            log.info("node %s answers again", client.node_id)
+        self.views[client.node_id] = replace(view, load=load, seen_at=started, failures=0,
+                                             error=None)
+        self.pending.seen(client.node_id, started)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one refresh
+                log.exception("watcher refresh failed")

@@ -1,0 +1,130 @@
+"""The watcher's rules, pure: when a node counts as healthy, and what placements it
+remembers; then the loop over fake node clients (no machine needed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dsec.gateway.watcher import NodeView, Pending, Watcher, health
+from dsec.placement.admission import NodeLoad
+
+
+def _load(node_id: str, sandboxes: int = 0) -> NodeLoad:
+    return NodeLoad(node_id=node_id, backends=("container",), cpus=2, memory_mb=4096,
+                    sandboxes=sandboxes, memory_reserved_mb=0, cpu_reserved=0.0)
+
+
+def test_a_node_never_heard_from_is_not_healthy():
+    assert not health(NodeView("node-a", "a"), now=10.0, stale_after_s=4.0)
+
+
+def test_a_view_ages_into_unhealthy():
+    v = NodeView("node-a", "a", _load("node-a"), seen_at=100.0)
+    assert health(v, 103.9, 4.0)
+    assert not health(v, 104.1, 4.0)
+
+
+def test_failures_in_a_row_make_a_fresh_view_unhealthy():
+    v = NodeView("node-a", "a", _load("node-a"), seen_at=100.0, failures=1)
+    assert health(v, 100.5, 4.0, max_failures=2)
+    assert not health(NodeView("node-a", "a", _load("node-a"), 100.0, failures=2), 100.5, 4.0)
+
+
+def test_a_node_in_this_process_stays_healthy_however_old_its_view():
+    v = NodeView("node-a", "a", _load("node-a"), seen_at=0.0, failures=5, in_process=True)
+    assert health(v, 1e9, 4.0)
+
+
+def test_pending_placements_are_forgotten_once_a_later_snapshot_shows_them():
+    p = Pending()
+    p.add("node-a", 3, at=10.0)
+    p.add("node-a", 2, at=12.0)
+    p.add("node-b", 1, at=11.0)
+    assert p.counts() == {"node-a": 5, "node-b": 1}
+    p.seen("node-a", snapshot_started=11.0)  # took the first, not the second
+    assert p.counts() == {"node-a": 2, "node-b": 1}
+    p.seen("node-b", snapshot_started=20.0)
+    assert p.counts() == {"node-a": 2}
+
+
+class FakeNode:
+    in_process = False
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id, self.short = node_id, node_id.removeprefix("node-")
+        self.up, self.calls, self.sandboxes = True, 0, 0
+
+    async def load(self) -> NodeLoad:
+        self.calls += 1
+        if not self.up:
+            raise ConnectionRefusedError("down")
+        return _load(self.node_id, self.sandboxes)
+
+
+class FakeCluster:
+    def __init__(self, nodes) -> None:
+        self.nodes = nodes
+
+    def clients(self):
+        return self.nodes
+
+
+class Clock:
+    t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_refresh_marks_a_dead_node_and_a_returning_one():
+    a, b = FakeNode("node-a"), FakeNode("node-b")
+    clock = Clock()
+    w = Watcher(FakeCluster([a, b]), stale_after_s=4.0, clock=clock)
+    await w.refresh()
+    assert w.healthy("node-a") and w.healthy("node-b")
+    b.up = False
+    await w.refresh()
+    assert w.healthy("node-b")  # one miss is not yet a verdict
+    await w.refresh()
+    assert not w.healthy("node-b") and "ConnectionRefusedError" in w.view("node-b").error
+    assert [n.node_id for n in w.loads()] == ["node-a"]
+    assert w.down() == ["node-b"]
+    b.up = True
+    await w.refresh()
+    assert w.healthy("node-b")
+
+
+async def test_a_silent_node_goes_unhealthy_by_age_alone():
+    a = FakeNode("node-a")
+    clock = Clock()
+    w = Watcher(FakeCluster([a]), stale_after_s=4.0, clock=clock)
+    await w.refresh()
+    clock.t += 5.0  # no refresh came through meanwhile (e.g. every call hung)
+    assert not w.healthy("node-a")
+
+
+async def test_a_node_answering_with_another_nodes_load_is_not_trusted():
+    a = FakeNode("node-a")
+
+    async def wrong() -> NodeLoad:
+        return _load("node-z")
+    a.load = wrong
+    w = Watcher(FakeCluster([a]))
+    await w.refresh()
+    assert not w.healthy("node-a")
+
+
+async def test_the_loop_refreshes_in_the_background_and_on_a_reported_failure():
+    a = FakeNode("node-a")
+    w = Watcher(FakeCluster([a]), period_s=60.0)
+    await w.start()
+    try:
+        first = a.calls
+        w.report_failure("node-a", "connection refused")
+        for _ in range(100):
+            if a.calls > first:
+                break
+            await asyncio.sleep(0.01)
+        assert a.calls > first  # woken at once, not after the 60 s period
+    finally:
+        await w.stop()
