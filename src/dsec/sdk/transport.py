@@ -1,0 +1,357 @@
+"""The SDK's HTTP transport: HTTP/1.1 on kept-alive connections, parsed by httptools.
+
+httpx stays the client (URLs, headers, timeouts, errors); this replaces the transport
+under it for plain ``http://`` URLs. Measured at 64 requests in flight, httpcore's pool
+does O(connections²) work on every request and every response (each pass rescans every
+connection, recounts the idle ones per connection and polls each idle socket), and its
+h11 and anyio layers write a request's head and body in two sends: 3 to 6 ms of client CPU
+per request, which capped one client process near 200 requests/s. Here a request takes an
+idle connection off a stack (or opens one, up to ``max_connections``; past that it waits
+its turn), goes out in one write, and its response is parsed in C as it arrives.
+
+An idle connection is dropped after ``keepalive_expiry`` seconds, shorter than the
+server's own keep-alive timeout (uvicorn's 5 s), so a request is not sent on a connection
+the server is closing. One that was closed anyway before any answer came is retried once
+on a new connection when the request can be sent again unchanged and is idempotent.
+``https://`` URLs go to httpx's own transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+import httptools
+import httpx
+
+__all__ = ["FastTransport"]
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+BUFFERED = 1 << 20  # response bytes held before reading from the socket pauses
+WRITE_CHUNK = 1 << 16
+
+
+class FastTransport(httpx.AsyncBaseTransport):
+    """At most ``max_connections`` connections per origin, reused most recent first."""
+
+    def __init__(self, max_connections: int = 256, keepalive_expiry: float = 4.0) -> None:
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self._pools: dict[tuple[str, int], _Pool] = {}
+        self._tls: httpx.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            if self._tls is None:
+                self._tls = httpx.AsyncHTTPTransport(limits=httpx.Limits(
+                    max_connections=self.max_connections, max_keepalive_connections=64))
+            return await self._tls.handle_async_request(request)
+        key = (url.host, url.port or 80)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _Pool(key, self.max_connections, self.keepalive_expiry)
+        return await pool.send(request)
+
+    async def aclose(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        if self._tls is not None:
+            await self._tls.aclose()
+
+
+class _Pool:
+    def __init__(self, origin: tuple[str, int], limit: int, expiry: float) -> None:
+        self.origin, self.limit, self.expiry = origin, limit, expiry
+        self.idle: list[_Conn] = []
+        self.open = 0
+        self.waiting: deque[asyncio.Future] = deque()
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout") or {}
+        retry = request.method in IDEMPOTENT and isinstance(request.stream, httpx.ByteStream)
+        while True:
+            conn = await self._acquire(request, timeouts)
+            try:
+                await conn.send(request, timeouts.get("write"))
+                await conn.read_head(request, timeouts.get("read"))
+            except _Stale:
+                self.release(conn)
+                if retry:
+                    retry = False
+                    continue
+                raise httpx.RemoteProtocolError("the server closed the connection without "
+                                                "answering", request=request) from None
+            except BaseException:
+                self.release(conn)
+                raise
+            return httpx.Response(status_code=conn.status, headers=conn.headers,
+                                  stream=_Body(self, conn, request, timeouts.get("read")),
+                                  extensions={"http_version": b"HTTP/1.1"})
+
+    async def _acquire(self, request: httpx.Request, timeouts: dict) -> _Conn:
+        deadline = None
+        while True:
+            now = time.monotonic()
+            while self.idle:
+                conn = self.idle.pop()
+                if not conn.closed and now - conn.idle_since < self.expiry:
+                    conn.reused = True
+                    return conn
+                conn.close()
+                self.open -= 1
+            if self.open < self.limit:
+                self.open += 1
+                try:
+                    return await _Conn.connect(self.origin, request, timeouts.get("connect"))
+                except BaseException:
+                    self.open -= 1
+                    self._wake()
+                    raise
+            fut = asyncio.get_running_loop().create_future()
+            self.waiting.append(fut)
+            if deadline is None and timeouts.get("pool") is not None:
+                deadline = now + timeouts["pool"]
+            try:
+                await asyncio.wait_for(fut, None if deadline is None
+                                       else max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise httpx.PoolTimeout(f"no free connection to {self.origin[0]} within the "
+                                        "pool timeout", request=request) from None
+            except BaseException:
+                if fut.done() and not fut.cancelled():
+                    self._wake()  # woken, then cancelled: the turn goes to the next
+                raise
+
+    def release(self, conn: _Conn) -> None:
+        """Back to the stack when its exchange ended cleanly, else closed."""
+        if conn.reusable():
+            conn.reset()
+            conn.idle_since = time.monotonic()
+            self.idle.append(conn)
+        else:
+            conn.close()
+            self.open -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
+class _Stale(Exception):
+    """A reused connection ended before any byte of the answer."""
+
+
+class _Conn(asyncio.Protocol):
+    """One HTTP/1.1 connection carrying one exchange at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self.error: Exception | None = None
+        self._waiter: asyncio.Future | None = None
+        self._drained: asyncio.Future | None = None
+        self.reset()
+
+    @classmethod
+    async def connect(cls, origin: tuple[str, int], request: httpx.Request,
+                      timeout: float | None) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(cls, *origin), timeout)
+        except asyncio.TimeoutError:
+            raise httpx.ConnectTimeout(f"connecting to {origin[0]}:{origin[1]} timed out",
+                                       request=request) from None
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        return conn
+
+    def reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.head_done = self.complete = self.got_bytes = False
+        self.keep_alive = True
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and self.error is None
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- one exchange ----
+    async def send(self, request: httpx.Request, timeout: float | None) -> None:
+        url = request.url
+        target = url.raw_path
+        head = bytearray(b"%s %s HTTP/1.1\r\n" % (request.method.encode(), target))
+        for name, value in request.headers.raw:
+            head += b"%s: %s\r\n" % (name, value)
+        head += b"\r\n"
+        if request.method == "HEAD":
+            self.keep_alive = False  # the parser would wait for a body that never comes
+        chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
+        buf = head
+        async for chunk in request.stream:
+            if chunked and chunk:
+                buf += b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            elif not chunked:
+                buf += chunk
+            if len(buf) >= WRITE_CHUNK:
+                await self._write(bytes(buf), request, timeout)
+                buf = bytearray()
+        if chunked:
+            buf += b"0\r\n\r\n"
+        await self._write(bytes(buf), request, timeout)
+
+    async def _write(self, data: bytes, request: httpx.Request, timeout: float | None) -> None:
+        self._check(request)
+        self.transport.write(data)
+        if self._drained is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout)
+            except asyncio.TimeoutError:
+                raise httpx.WriteTimeout("sending the request timed out",
+                                         request=request) from None
+        self._check(request)
+
+    async def read_head(self, request: httpx.Request, timeout: float | None) -> None:
+        while not self.head_done:
+            await self._wait(request, timeout)
+
+    async def next_chunk(self, request: httpx.Request, timeout: float | None) -> bytes | None:
+        """The next piece of the body; None at its end."""
+        while not self.chunks:
+            if self.complete:
+                return None
+            await self._wait(request, timeout)
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.buffered < BUFFERED // 2 and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        return chunk
+
+    async def _wait(self, request: httpx.Request, timeout: float | None) -> None:
+        self._check(request)
+        loop = asyncio.get_running_loop()
+        fut = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, fut) if timeout is not None else None
+        try:
+            await fut
+        except asyncio.TimeoutError:
+            self.error = httpx.ReadTimeout("no answer from the server in time",
+                                           request=request)
+            raise self.error from None
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        self._check(request)
+
+    def _check(self, request: httpx.Request) -> None:
+        if self.error is not None and not self.got_bytes and self.reused \
+                and isinstance(self.error, httpx.ReadError):
+            raise _Stale()
+        if self.error is not None:
+            err = self.error
+            if isinstance(err, httpx.RequestError):
+                err.request = request
+            raise err
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # ---- asyncio.Protocol ----
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = httpx.RemoteProtocolError(f"malformed answer from the server: {exc}")
+            self.close()
+        if self.buffered > BUFFERED and self.transport is not None:
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete and self.error is None:
+            self.error = httpx.ReadError("the server closed the connection"
+                                         + (f": {exc}" if exc else ""))
+        for fut in (self._waiter, self._drained):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    # ---- httptools callbacks ----
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.keep_alive and self.parser.should_keep_alive()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response body read off its connection; the connection goes back on close."""
+
+    def __init__(self, pool: _Pool, conn: _Conn, request: httpx.Request,
+                 timeout: float | None) -> None:
+        self._pool, self._conn, self._request, self._timeout = pool, conn, request, timeout
+        self._open = True
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if self._request.method == "HEAD":
+            return
+        while (chunk := await conn.next_chunk(self._request, self._timeout)) is not None:
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._open:
+            self._open = False
+            self._pool.release(self._conn)  # closed instead when the body was not all read

@@ -1,0 +1,134 @@
+"""The SDK's HTTP transport against small HTTP/1.1 servers on loopback that misbehave on cue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import pytest
+
+from dsec.sdk.transport import FastTransport
+
+
+class Server:
+    """HTTP/1.1 on a loopback port. ``answer(n, request)`` is the n-th request of its
+    connection (from 0); it returns the response bytes, or None to close unanswered."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def __aenter__(self) -> Server:
+        self._srv = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._srv.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._srv.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.connections += 1
+        n = 0
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = b""
+                lines = head.lower().split(b"\r\n")
+                length = next((int(ln.split(b":")[1]) for ln in lines
+                               if ln.startswith(b"content-length:")), 0)
+                if length:
+                    body = await reader.readexactly(length)
+                elif b"transfer-encoding: chunked" in lines:
+                    while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+                        body += (await reader.readexactly(size + 2))[:-2]
+                    await reader.readuntil(b"\r\n")
+                self.requests.append(head + body)
+                out = await self.answer(n, head + body)
+                n += 1
+                if out is None:
+                    break
+                writer.write(out)
+                await writer.drain()
+        writer.close()
+
+
+def ok(body: bytes = b"ok", extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def echo(n, req):
+    return ok(req.split(b"\r\n\r\n", 1)[1] or b"empty")
+
+
+async def test_a_sequential_caller_keeps_one_connection():
+    async with Server(echo) as srv, httpx.AsyncClient(transport=FastTransport()) as c:
+        for i in range(20):
+            r = await c.post(srv.url + "/x", content=b"n%d" % i)
+            assert (r.status_code, r.content) == (200, b"n%d" % i)
+        assert srv.connections == 1
+
+
+async def test_requests_past_the_connection_limit_wait_their_turn():
+    async def slow(n, req):
+        await asyncio.sleep(0.01)
+        return await echo(n, req)
+
+    async with Server(slow) as srv, \
+            httpx.AsyncClient(transport=FastTransport(max_connections=4)) as c:
+        rs = await asyncio.gather(*(c.post(srv.url, content=b"%d" % i) for i in range(40)))
+        assert [r.content for r in rs] == [b"%d" % i for i in range(40)]
+        assert srv.connections == 4
+
+
+async def test_a_reused_connection_closed_unanswered_retries_only_idempotent_requests():
+    async def second_unanswered(n, req):
+        return None if n == 1 else await echo(n, req)
+
+    async with Server(second_unanswered) as srv, \
+            httpx.AsyncClient(transport=FastTransport()) as c:
+        assert (await c.get(srv.url)).content == b"empty"
+        assert (await c.get(srv.url)).content == b"empty"  # retried on a new connection
+        assert srv.connections == 2
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.post(srv.url, content=b"a")  # may have run: never sent twice
+        assert sum(r.endswith(b"\r\n\r\na") for r in srv.requests) == 1
+
+
+async def test_an_idle_connection_past_its_expiry_is_not_reused():
+    async with Server(echo) as srv, \
+            httpx.AsyncClient(transport=FastTransport(keepalive_expiry=0.05)) as c:
+        await c.get(srv.url)
+        await asyncio.sleep(0.1)
+        await c.get(srv.url)
+        assert srv.connections == 2
+
+
+async def test_streamed_upload_and_download_and_a_connection_close_answer():
+    async def big(n, req):
+        body = req.split(b"\r\n\r\n", 1)[1]
+        return ok(body * 64, b"connection: close\r\n")
+
+    async def chunks():
+        for i in range(100):
+            yield b"%04d" % i
+
+    async with Server(big) as srv, httpx.AsyncClient(transport=FastTransport()) as c:
+        async with c.stream("PUT", srv.url, content=chunks()) as r:
+            got = b"".join([part async for part in r.aiter_bytes()])
+        assert got == b"".join(b"%04d" % i for i in range(100)) * 64
+        await c.get(srv.url)
+        assert srv.connections == 2  # the server said close: not reused
+
+
+async def test_no_answer_in_time_is_a_read_timeout_and_no_server_a_connect_error():
+    async def never(n, req):
+        await asyncio.sleep(10)
+
+    async with Server(never) as srv, httpx.AsyncClient(transport=FastTransport()) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.get(srv.url, timeout=0.2)
+    async with httpx.AsyncClient(transport=FastTransport()) as c:
+        with pytest.raises(httpx.ConnectError):
+            await c.get(srv.url)
