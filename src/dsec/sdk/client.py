@@ -106,8 +106,10 @@ class AsyncClient:
                      idle_ttl_s: float | None = None, on_idle: str = "stop",
                      network: str | dict[str, bool] = "none", job: str | None = None,
                      labels: dict[str, str] | None = None,
-                     env: dict[str, str] | None = None) -> AsyncSandbox:
-        """Create one sandbox and return it running."""
+                     env: dict[str, str] | None = None,
+                     request_id: str | None = None) -> AsyncSandbox:
+        """Create one sandbox and return it running. A ``request_id`` makes the call safe
+        to retry: the same key returns the sandbox the first attempt made."""
         spec = _spec(locals())
         resp = await self._request("POST", "/v1/sandboxes", json=spec.model_dump())
         return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
@@ -120,14 +122,19 @@ class AsyncClient:
                           idle_ttl_s: float | None = None, on_idle: str = "stop",
                           network: str | dict[str, bool] = "none", job: str | None = None,
                           labels: dict[str, str] | None = None,
-                          env: dict[str, str] | None = None) -> list[AsyncSandbox]:
-        """Create ``count`` sandboxes in one request, started concurrently on the server.
+                          env: dict[str, str] | None = None,
+                          request_id: str | None = None) -> list[AsyncSandbox]:
+        """Create ``count`` sandboxes in one request, spread over the cluster's nodes and
+        started concurrently there.
 
         Raises the first error only when none could be created; otherwise returns those
-        that were (check ``len``)."""
+        that were (check ``len``). A ``request_id`` makes the call safe to retry: a retry
+        returns what the first attempt made and makes only what is still missing."""
         args = dict(locals())
         args.pop("count")
-        req = validated(CreateManyRequest, count=count, spec=_spec(args))
+        args.pop("request_id")
+        req = validated(CreateManyRequest, count=count, spec=_spec(args),
+                        request_id=request_id)
         resp = await self._request("POST", "/v1/sandboxes/batch", json=req.model_dump(),
                                    timeout=None)
         body = resp.json()
