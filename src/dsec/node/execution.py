@@ -87,7 +87,8 @@ def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> Spawn
     env.update(rec.runtime.get("image_env") or {})
     env.update(rec.spec.env)
     env.update(req.env)
-    uid, gid = resolve_user(backend.files(rec), req.user or rec.runtime.get("image_user", "root"))
+    uid, gid = resolve_user(lambda: backend.files(rec),
+                            req.user or rec.runtime.get("image_user", "root"))
     cwd = req.cwd or rec.runtime.get("image_cwd") or "/"
     spawn = SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background)
     check_spawn(spawn)
@@ -124,19 +125,21 @@ async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
     oom_before = backend.oom_kills(rec)
     t0 = time.perf_counter()
     try:
-        proc = await AgentProcess.start(backend.connector(rec), spawn)
+        proc = await AgentProcess.start(backend.connector(rec), spawn, no_stdin=not req.stdin)
     except AgentGone as exc:
         raise SandboxStopped(f"sandbox {rec.id} is not answering: {exc}") from exc
     if req.background:
         proc.close()
         yield ExecEvent(type="exit", result=ExecResult(exit_code=0, pid=proc.pid))
         return
-    feeder = asyncio.create_task(_feed_stdin(proc, stdin))
+    # No stdin: it was closed with the spawn, and no task is needed to feed it.
+    feeder = asyncio.create_task(_feed_stdin(proc, stdin)) if req.stdin else None
     try:
         async for ev in _relay(proc, req, stream, t0, backend, rec, oom_before, feeder):
             yield ev
     finally:
-        feeder.cancel()
+        if feeder is not None:
+            feeder.cancel()
         proc.close()
 
 
@@ -154,7 +157,7 @@ async def _feed_stdin(proc: AgentProcess, frames: Iterator[bytes]) -> None:
 
 async def _relay(proc: AgentProcess, req: ExecRequest, stream: bool, t0: float,
                  backend: Backend, rec: SandboxRecord, oom_before: int,
-                 feeder: asyncio.Task) -> AsyncIterator[ExecEvent]:
+                 feeder: asyncio.Task | None) -> AsyncIterator[ExecEvent]:
     keep = min(req.max_output, STREAM_KEPT) if stream else None
     caps = {k: OutputCap(req.max_output, keep) for k in ("stdout", "stderr")}
     decoders = {k: codecs.getincrementaldecoder("utf-8")(errors="replace") for k in caps}
@@ -174,7 +177,8 @@ async def _relay(proc: AgentProcess, req: ExecRequest, stream: bool, t0: float,
         except AgentGone as exc:
             raise SandboxStopped(f"sandbox {rec.id} went away during the command: {exc}") from exc
         if kind == "exit":
-            feeder.cancel()  # stdin the command never read
+            if feeder is not None:
+                feeder.cancel()  # stdin the command never read
             break
         passed = caps[kind].feed(data)
         if stream and passed and (text := decoders[kind].decode(passed)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dsec.api.errors import InvalidArgument, NotFound
 from dsec.api.limits import UID_MAX
 from dsec.node.files import FileOps
@@ -35,8 +37,9 @@ def _id(what: str, s: str) -> int:
     return n
 
 
-def resolve_user(files: FileOps, user: str) -> tuple[int, int]:
-    """(uid, gid) for ``user``; names are looked up in the sandbox's own /etc/passwd."""
+def resolve_user(files: Callable[[], FileOps], user: str) -> tuple[int, int]:
+    """(uid, gid) for ``user``; names are looked up in the sandbox's own /etc/passwd,
+    reached through ``files()`` (called only then: most execs run as root or a uid)."""
     if user in ("", "root", "0", "0:0"):
         return 0, 0
     uid_s, sep, gid_s = user.partition(":")
@@ -45,7 +48,7 @@ def resolve_user(files: FileOps, user: str) -> tuple[int, int]:
     if _number(uid_s):
         uid = _id("uid", uid_s)
         return uid, _id("gid", gid_s) if sep else uid
-    known = _passwd(files)
+    known = _passwd(files())
     if uid_s not in known:
         raise InvalidArgument(f"user {uid_s!r} is not in the sandbox's /etc/passwd; "
                               "use a known name or a numeric uid[:gid]")

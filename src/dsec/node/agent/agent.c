@@ -133,8 +133,14 @@ static int send_chan_frame(int fd, char type, uint32_t chan, const void *data, u
     hdr[0] = (unsigned char)type;
     memcpy(hdr + 1, &bchan, 4);
     memcpy(hdr + 5, &blen, 4);
+    if (len <= 4096) { /* a small frame in one write: the node wakes once, not twice */
+        unsigned char one[9 + 4096];
+        memcpy(one, hdr, 9);
+        if (len) memcpy(one + 9, data, len);
+        return write_all(fd, one, 9 + len);
+    }
     if (write_all(fd, hdr, 9) < 0) return -1;
-    return len ? write_all(fd, data, len) : 0;
+    return write_all(fd, data, len);
 }
 
 static int send_frame(int fd, char type, const void *data, uint32_t len) {
