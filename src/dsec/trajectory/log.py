@@ -100,22 +100,34 @@ class TrajectoryLog:
                request: dict, result: dict) -> TrajectoryEntry:
         """Add one entry at the end of ``sandbox``'s log and return it."""
         at = time.time()
-        req, res = json.dumps(request), json.dumps(result)
+        (seq,) = self.append_many([(sandbox, step, kind, fingerprint, request, result)], at)
+        return TrajectoryEntry(sandbox_id=sandbox, seq=seq, step=step, kind=kind,
+                               fingerprint=fingerprint, request=request, result=result, at=at)
+
+    def append_many(self, items: list[tuple[str, str | None, str, str, dict, dict]],
+                    at: float | None = None) -> list[int]:
+        """Append ``(sandbox, step, kind, fingerprint, request, result)`` items in order,
+        in one transaction (all of them or, on an error, none); their sequence numbers."""
+        at = time.time() if at is None else at
+        rows = [(sb, step, kind, fp, json.dumps(req), json.dumps(res))
+                for sb, step, kind, fp, req, res in items]
+        seqs = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                (seq,) = self._db.execute(
-                    "SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE sandbox=?",
-                    (sandbox,)).fetchone()
-                self._db.execute("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?)",
-                                 (sandbox, seq, step, kind, fingerprint, req, res, at))
-                self._db.execute(TOUCH, (sandbox, at, len(req) + len(res)))
+                for sandbox, step, kind, fp, req, res in rows:
+                    (seq,) = self._db.execute(
+                        "SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE sandbox=?",
+                        (sandbox,)).fetchone()
+                    self._db.execute("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?)",
+                                     (sandbox, seq, step, kind, fp, req, res, at))
+                    self._db.execute(TOUCH, (sandbox, at, len(req) + len(res)))
+                    seqs.append(seq)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-        return TrajectoryEntry(sandbox_id=sandbox, seq=seq, step=step, kind=kind,
-                               fingerprint=fingerprint, request=request, result=result, at=at)
+        return seqs
 
     def entries(self, sandbox: str, offset: int = 0, limit: int = -1) -> list[TrajectoryEntry]:
         with self._lock:

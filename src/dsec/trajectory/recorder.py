@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from dsec.api.errors import TrajectoryDiverged
 from dsec.api.models import ExecEvent, ExecResult, FileInfo
+from dsec.trajectory.commit import GroupCommit
 from dsec.trajectory.log import TrajectoryLog
 from dsec.trajectory.replay import KeyIndex, decide, fingerprint
 from dsec.trajectory.retention import TrajectoryRetention
@@ -36,6 +37,7 @@ class Recorder:
 
     def __init__(self, path: Path) -> None:
         self.log = TrajectoryLog(path)
+        self._commit = GroupCommit(self.log, self._committed)
         self._index: dict[str, KeyIndex] = {}
         self._inflight: dict[tuple[str, str], asyncio.Future] = {}
         self._pruner: asyncio.Task | None = None
@@ -43,6 +45,7 @@ class Recorder:
     def close(self) -> None:
         if self._pruner is not None:
             self._pruner.cancel()
+        self._commit.flush()
         self.log.close()
 
     def ended(self, sb_id: str) -> None:
@@ -103,7 +106,7 @@ class Recorder:
             return result_type.model_validate(entry.result)
         with self._running(sb_id, step):
             result = await run()
-            self._append(sb_id, step, kind, fp, req, result.model_dump())
+            await self._commit.append(sb_id, step, kind, fp, req, result.model_dump())
         return result
 
     async def stream(self, sb_id: str, request: BaseModel,
@@ -123,20 +126,22 @@ class Recorder:
         with self._running(sb_id, step):
             async for ev in run():
                 if ev.type == "exit" and ev.result is not None:
-                    self._append(sb_id, step, "exec", fp, req, ev.result.model_dump())
+                    await self._commit.append(sb_id, step, "exec", fp, req,
+                                              ev.result.model_dump())
                 yield ev
 
     def record_write(self, sb_id: str, tap: FileWriteTap, info: FileInfo) -> None:
         """A file write through the files API (not keyed: logged for provenance)."""
         req = tap.request()
-        self._append(sb_id, None, "file_write", fingerprint("file_write", req), req,
-                     info.model_dump())
+        self._commit.flush()  # after the calls that ended before it
+        self.log.append(sb_id, None, "file_write", fingerprint("file_write", req), req,
+                        info.model_dump())
 
-    def _append(self, sb_id: str, step: str | None, kind: str, fp: str, req: dict,
-                result: dict) -> None:
-        entry = self.log.append(sb_id, step, kind, fp, req, result)
-        if step is not None:
-            self.index(sb_id).add(step, entry.seq, fp)
+    def _committed(self, item: tuple, seq: int) -> None:
+        sb_id, step, _kind, fp, _req, _result = item
+        idx = self._index.get(sb_id)  # one not loaded yet reads this entry from the log
+        if step is not None and idx is not None and step not in idx.by_key:
+            idx.add(step, seq, fp)
 
     def _running(self, sb_id: str, step: str | None) -> _Running:
         return _Running(self._inflight, (sb_id, step) if step is not None else None)
