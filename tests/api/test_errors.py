@@ -22,7 +22,7 @@ def test_leaves_inherit_builtins():
 def test_statuses_are_distinct_per_meaning():
     assert ERROR_TABLE["not_found"].status == 404
     assert ERROR_TABLE["unauthorized"].status == 401
-    assert ERROR_TABLE["capacity"].status == 503
+    assert ERROR_TABLE["capacity"].status == 429
     assert ERROR_TABLE["invalid_argument"].status == 400
 
 

@@ -70,9 +70,12 @@ class Unauthorized(DSecError, PermissionError):
 
 
 class Capacity(DSecError, RuntimeError):
-    """The node (or every node) has no room for the request."""
+    """The node (or every node) has no room for the request now; retry later or ask for
+    less. 429 with ``Retry-After``: a valid request the cluster cannot take yet is not a
+    server failure (5xx stays for the server's own)."""
 
-    code, status = "capacity", 503
+    code, status = "capacity", 429
+    retry_after_s = 1
 
 
 class SandboxTimeout(DSecError, TimeoutError):
@@ -90,7 +93,7 @@ class SandboxStopped(DSecError, RuntimeError):
 class Unsupported(DSecError, NotImplementedError):
     """The backend does not offer this capability."""
 
-    code, status = "unsupported", 501
+    code, status = "unsupported", 400
 
 
 class Conflict(DSecError, RuntimeError):

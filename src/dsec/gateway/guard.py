@@ -33,7 +33,9 @@ _STREAMED = re.compile(r"^/v1/(sandboxes/[^/]+/files(/tar)?|blobs/[^/]+)$")
 
 
 def _response(err: DSecError) -> JSONResponse:
-    return JSONResponse(err.to_wire(), status_code=err.status)
+    retry = getattr(err, "retry_after_s", None)
+    headers = {"retry-after": str(retry)} if retry else None
+    return JSONResponse(err.to_wire(), status_code=err.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

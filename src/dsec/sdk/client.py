@@ -141,7 +141,7 @@ class AsyncClient:
         made = [AsyncSandbox(self, SandboxInfo.model_validate(s)) for s in body["sandboxes"]]
         if not made and body["errors"]:
             raise error_from_wire({"error": {"code": "capacity", "message": body["errors"][0]}},
-                                  503)
+                                  429)
         return made
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
