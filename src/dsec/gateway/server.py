@@ -46,6 +46,26 @@ async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None)
     await server.serve()
 
 
+async def _serve_static(state_dir: Path, host: str, port: int, urls: list[str]) -> None:
+    from dsec.cluster.static import StaticCluster
+    token = _token(state_dir)
+    cluster = StaticCluster(urls, token)
+    _write_private(state_dir / "url", f"http://{host}:{port}\n")
+    server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
+                                           log_level="warning", access_log=False,
+                                           ws="websockets-sansio"))
+    print(f"dsec: gateway on http://{host}:{port} over {len(urls)} node URL(s)", flush=True)
+    await server.serve()
+
+
+def _run(main) -> None:
+    try:
+        import uvloop
+        uvloop.run(main)
+    except ImportError:
+        asyncio.run(main)
+
+
 def _token(state_dir: Path) -> str:
     """The API token, on a state directory made private first. The token itself is never
     printed: the log that stdout usually goes to is no place for a secret."""
@@ -84,12 +104,17 @@ def _write_private(path: Path, text: str) -> None:
 def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
           ray_address: str | None = None, images_remote: str | None = None,
-          guests: dict | None = None, trajectory: dict | None = None) -> None:
-    """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster)."""
-    if ray_address is not None:
+          guests: dict | None = None, trajectory: dict | None = None,
+          node_urls: list[str] | None = None) -> None:
+    """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster;
+    with ``node_urls``, a gateway over the node agents' APIs at those URLs)."""
+    if ray_address is not None or node_urls:
         sd = state_dir or NodeConfig().state_dir
         sd.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_serve_ray(sd, host, port, ray_address))
+        if node_urls:
+            _run(_serve_static(sd, host, port, node_urls))
+        else:
+            asyncio.run(_serve_ray(sd, host, port, ray_address))
         return
     kwargs: dict = {"warm_pool": warm_pool or {}}
     if images_remote:
@@ -107,11 +132,7 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         from dsec.trajectory.retention import TrajectoryRetention
         kwargs["trajectory"] = TrajectoryRetention(**trajectory)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        import uvloop
-        uvloop.run(_serve(NodeConfig(**kwargs), host, port))
-    except ImportError:
-        asyncio.run(_serve(NodeConfig(**kwargs), host, port))
+    _run(_serve(NodeConfig(**kwargs), host, port))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", action="append", default=None)
     p.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="be a gateway over the node agents of this Ray cluster ('auto' ok)")
+    p.add_argument("--node", action="append", default=[], metavar="URL",
+                   help="be a gateway over the node agent whose API answers at URL "
+                        "(repeat for each node; they share this gateway's token)")
     p.add_argument("--images-remote", default=None, metavar="URL",
                    help="load image layers on demand from this layer store "
                         "(token in DSEC_IMAGES_TOKEN)")
@@ -146,9 +170,11 @@ def main(argv: list[str] | None = None) -> None:
         if not image or not n.isdigit():
             p.error(f"--warm-pool takes IMAGE=N; got {item!r}")
         pool[image] = int(n)
+    if a.ray and a.node:
+        p.error("--ray and --node are two ways to find nodes; give one")
     serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote,
           guest_options(a.guest_accel, a.guest_warm_start, a.guest_pause_to_disk),
-          trajectory_options(a.trajectory_keep_s, a.trajectory_max_mb))
+          trajectory_options(a.trajectory_keep_s, a.trajectory_max_mb), a.node)
 
 
 def trajectory_options(keep_s: float | None, max_mb: float | None) -> dict:

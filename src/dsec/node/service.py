@@ -67,7 +67,10 @@ class NodeService:
         self._stop_sem = asyncio.Semaphore(config.start_concurrency * 2)
 
     @classmethod
-    async def open(cls, config: NodeConfig) -> NodeService:
+    async def open(cls, config: NodeConfig,
+                   backends: dict[str, Backend] | None = None) -> NodeService:
+        """Open the node on ``config.state_dir``; ``backends``, when given, are used
+        instead of building those ``config.backends`` names (tests, benchmarks)."""
         from dsec.node.backends.registry import make_backends
         limits.configure(config.limits)  # the wire models of this process check these
         store = NodeStore(config.state_dir / "node.db")
@@ -76,7 +79,8 @@ class NodeService:
         if node_id is None:
             node_id = f"node-{secrets.token_hex(4)}"
             store.set_meta("node_id", node_id)
-        backends = await asyncio.to_thread(make_backends, config)
+        if backends is None:
+            backends = await asyncio.to_thread(make_backends, config)
         node = cls(config, backends, store, node_id)
         await node._recover()
         node._reaper = asyncio.create_task(node._reap_forever())

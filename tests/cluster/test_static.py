@@ -1,0 +1,113 @@
+"""A gateway over a fixed list of node URLs (StaticCluster), over simulated node agents in
+this process: real HTTP on loopback, each node its own server and port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+
+import httpx
+import pytest
+
+from dsec.cluster.simulated import SimulatedNodes, route_of
+from dsec.cluster.static import StaticCluster
+from dsec.gateway.app import create_app
+from dsec.gateway.watcher import Watcher
+
+TOKEN = "dsec_test_static"
+NODES = 5
+
+
+@contextlib.asynccontextmanager
+async def _gateway(urls: list[str]):
+    import uvicorn
+    watcher_cluster = StaticCluster(urls, TOKEN)
+    app = create_app(watcher_cluster, TOKEN,
+                     watcher=Watcher(watcher_cluster, period_s=0.2, stale_after_s=1.0))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server.capture_signals = contextlib.nullcontext  # pytest keeps its own handlers
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    async with httpx.AsyncClient(base_url=url, timeout=10,
+                                 headers={"authorization": f"Bearer {TOKEN}"}) as http:
+        try:
+            yield http
+        finally:
+            server.should_exit = True
+            await task
+
+
+@pytest.fixture
+async def nodes(tmp_path):
+    nodes = SimulatedNodes(tmp_path, NODES, TOKEN)
+    await nodes.start()
+    yield nodes
+    urls = nodes.urls
+    await nodes.close()
+    assert all(n.task.done() for n in nodes.nodes)
+    assert all(not n.node.records for n in nodes.nodes[1:])  # stopped; node 0 was killed
+    for url in urls:  # every port closed
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/healthz", timeout=1)
+    await asyncio.sleep(0)
+    left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert not left, left
+
+
+def test_route_of_names_the_route_not_the_sandbox():
+    assert route_of("POST", "/v1/sandboxes/sb-1a2b3c4d-00ff00ff00ff/exec") == \
+        "POST /v1/sandboxes/{id}/exec"
+    assert route_of("GET", "/v1/nodes/load") == "GET /v1/nodes/load"
+
+
+async def test_a_batch_is_split_over_every_node_with_one_request_each(nodes):
+    async with _gateway(nodes.urls) as gw:
+        before = nodes.counts()
+        r = await gw.post("/v1/sandboxes/batch",
+                          json={"count": 50, "spec": {"cpu": 0.05, "memory_mb": 64}})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert len(body["sandboxes"]) == 50 and body["errors"] == []
+        assert sorted(nodes.sandboxes().values()) == [10] * NODES
+        after = nodes.counts()
+        for node_id, c in after.items():
+            assert c.get("POST /v1/sandboxes/batch", 0) \
+                - before[node_id].get("POST /v1/sandboxes/batch", 0) == 1
+        one = body["sandboxes"][0]["id"]
+        got = await gw.get(f"/v1/sandboxes/{one}")
+        assert got.status_code == 200 and got.json()["state"] == "running"
+        ran = await gw.post(f"/v1/sandboxes/{one}/exec", json={"cmd": ["true"]})
+        assert ran.status_code == 200 and ran.json()["exit_code"] == 0
+        other = await gw.post(f"/v1/sandboxes/{one}/exec", json={"cmd": "ls /"})
+        assert other.status_code == 400 and other.json()["error"]["code"] == "unsupported"
+
+
+async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes):
+    async with _gateway(nodes.urls) as gw:
+        r = await gw.post("/v1/sandboxes/batch",
+                          json={"count": 10, "spec": {"cpu": 0.05, "memory_mb": 64}})
+        victim = nodes.nodes[0].node.node_id
+        theirs = [s["id"] for s in r.json()["sandboxes"] if s["node"] == victim]
+        assert theirs
+        await nodes.kill(0)
+        t0 = time.monotonic()
+        while victim not in (await gw.get("/healthz")).json()["unhealthy"]:
+            assert time.monotonic() - t0 < 5, "the watcher did not mark the killed node"
+            await asyncio.sleep(0.05)
+        t1 = time.perf_counter()
+        lost = await gw.get(f"/v1/sandboxes/{theirs[0]}")
+        assert time.perf_counter() - t1 < 0.5
+        assert lost.status_code == 503 and lost.json()["error"]["code"] == "node_lost"
+        assert victim in lost.json()["error"]["message"]
+        more = await gw.post("/v1/sandboxes/batch",
+                             json={"count": 8, "spec": {"cpu": 0.05, "memory_mb": 64}})
+        assert more.status_code == 201 and len(more.json()["sandboxes"]) == 8
+        assert victim not in {s["node"] for s in more.json()["sandboxes"]}
+        listed = (await gw.get("/v1/sandboxes")).json()
+        assert listed["unreachable"] == [victim]
