@@ -224,3 +224,47 @@ async def test_a_lost_node_fails_fast_gets_no_placements_and_comes_back(gateway)
                 await asyncio.sleep(0.3)
         assert r.stdout == "before\n"
         await asyncio.gather(*(s.stop() for s in sbs))
+
+
+async def test_relayed_requests_survive_idle_gaps_around_the_keepalive_expiry(gateway):
+    """The gateway's pooled connections to a node go idle across the window where the
+    old gateway and node both expired them (5 s): every exec after each gap answers."""
+    url, token, _, _ = gateway
+    async with dsec.AsyncClient(url, token) as c:
+        sbs = await c.create_many(9, memory_mb=64, cpu=0.1, job="keepalive")
+        try:
+            for gap in (4.9, 5.0, 5.1):
+                await asyncio.sleep(gap)
+                outs = await asyncio.gather(*(s.exec("echo up") for s in sbs))
+                assert [o.stdout for o in outs] == ["up\n"] * len(sbs)
+        finally:
+            await asyncio.gather(*(s.stop() for s in sbs))
+
+
+async def test_a_batch_bigger_than_the_cluster_makes_what_fits_in_one_answer(gateway):
+    url, token, nodes, _ = gateway
+    async with dsec.AsyncClient(url, token) as c:
+        # each node may promise 8x its memory: a few 60 GiB sandboxes fit on each, not 40
+        resp = await c._request("POST", "/v1/sandboxes/batch", json={
+            "count": 40, "spec": {"memory_mb": 61440, "cpu": 0.1, "job": "too-big"}},
+            timeout=None)
+        body = resp.json()
+        try:
+            made, errors = body["sandboxes"], body["errors"]
+            assert made and len(made) + len(errors) == 40, body
+            assert all("capacity" in e for e in errors), errors[:3]
+            assert {s["node"] for s in made} == {n.node_id for n in nodes}
+        finally:
+            for s in body["sandboxes"]:
+                await (await c.get(s["id"])).stop()
+
+
+async def test_gateway_metrics_name_nodes_and_routes(gateway):
+    url, token, nodes, _ = gateway
+    async with dsec.AsyncClient(url, token) as c:
+        await c.list()
+        text = (await c._request("GET", "/metrics")).text
+    assert 'dsec_gateway_nodes{health="healthy"} 3.0' in text, text[:2000]
+    assert 'route="/v1/sandboxes",status="200"' in text
+    for n in nodes:
+        assert f'dsec_gateway_node_sandboxes{{node="{n.node_id}"}}' in text
