@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dsec.api.errors import NodeLost
+from dsec.api.limits import DEFAULT_LIMITS
 from dsec.cluster.base import Cluster
 from dsec.gateway import metrics
 from dsec.gateway.auth import BearerAuth
@@ -26,6 +27,16 @@ from dsec.gateway.routes.common import Gateway
 from dsec.gateway.watcher import Watcher
 
 __all__ = ["create_app"]
+
+_DESCRIPTION = f"""Elastic sandboxes for agentic RL and LLM agent evaluation.
+
+Every error answers `{{"error": {{"code": ..., "message": ...}}}}`; the message says what to
+change. Limits (a node's `NodeConfig.limits`; the defaults shown): a JSON request body holds
+at most {DEFAULT_LIMITS.body_bytes} bytes (else 413 `too_large`; file and tar uploads stream
+and are bounded by the sandbox's `disk_mb` and `memory_mb`); each field's own limit is in
+its schema and named `limits.<field>` in a refusal. `capacity` (429, with `Retry-After`)
+means no node has room now; `node_lost` (503) that the node holding a sandbox does not
+answer."""
 
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
@@ -46,7 +57,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
                 await cluster.close()
 
     app = FastAPI(title="dsec", version="0.1.0", lifespan=lifespan,
-                  description="Elastic sandboxes for agentic RL and LLM agent evaluation.")
+                  description=_DESCRIPTION)
     app.state.gateway = gateway
     install_error_handlers(app)
 
