@@ -12,7 +12,7 @@ APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc 
 	syslinux-common fdisk e2fsprogs podman golang-github-containers-common
 STAMP := $(VENV)/.installed
 
-.PHONY: setup apt venv run serve stop demo test test-fast images bench clean
+.PHONY: setup apt venv run serve stop demo test test-fast base-images images bench clean
 
 setup: apt venv
 
@@ -33,13 +33,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-images: setup
+base-images: setup
+	@mkdir -p -m 0700 $(STATE_DIR)
 	DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR)
+
+images: base-images
 	$(PY) -m dsec.node.backends.microvm.guest --out $(STATE_DIR)/microvm/guest
 
 # The state dir and the log are private (the server keeps them so); the token is printed
 # from its 0600 file, only on the run that created it, and never goes into the log.
-run: setup
+run: setup base-images
 	@mkdir -p -m 0700 $(STATE_DIR) && chmod 0700 $(STATE_DIR)
 	@if curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1; then \
 		echo "dsec server already running on 127.0.0.1:$(PORT)"; \

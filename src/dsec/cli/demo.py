@@ -112,7 +112,22 @@ def _run(tour: _Tour, client, image: str, count: int, job: str) -> None:
     sh.close()
 
     _files(tour, a, b)
+    _fncall(tour, client)
     _failures(tour, client, a)
+
+
+def _fncall(tour: _Tour, client) -> None:
+    if not any(i.name == "python:3.11" for i in client.images()):
+        tour.say("[dim](no python:3.11 image on this node: `make base-images` adds it, and "
+                 "with it client.fncall)[/]")
+        return
+    tour.step("a stateless call on a pooled, isolated worker (no sandbox to manage)",
+              "client.fncall('print(1 + 1)').stdout")
+    t0 = time.perf_counter()
+    out = client.fncall("print(1 + 1)")
+    tour.show("stdout:", out.stdout)
+    tour.say(f"[dim]{(time.perf_counter() - t0) * 1000:.0f} ms, the first call includes "
+             "starting the worker pool[/]")
 
 
 def _guest(tour: _Tour, client, image: str, job: str) -> None:
