@@ -26,7 +26,7 @@ async def _gateway(urls: list[str]):
     watcher_cluster = StaticCluster(urls, TOKEN)
     app = create_app(watcher_cluster, TOKEN,
                      watcher=Watcher(watcher_cluster, period_s=0.2, stale_after_s=1.0))
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     server.capture_signals = contextlib.nullcontext  # pytest keeps its own handlers
