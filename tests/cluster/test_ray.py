@@ -188,16 +188,19 @@ async def test_a_lost_node_fails_fast_gets_no_placements_and_comes_back(gateway)
         await lost[0].exec("echo before > /tmp/mark")
         ray.kill(victim.actor)  # the agent dies; its sandboxes keep running
         try:
-            deadline = time.monotonic() + 10
-            while True:  # marked within the watcher's bound, then answered at once
+            deadline = time.monotonic() + 15
+            took = None
+            while True:  # ray.kill returns at once; the agent dies a moment later
                 t0 = time.monotonic()
-                with pytest.raises((dsec.NodeLost, dsec.Unavailable)):
+                try:
                     await lost[0].exec("true")
-                took = time.monotonic() - t0
+                except (dsec.NodeLost, dsec.Unavailable):
+                    took = time.monotonic() - t0 if took is None else took
                 health = (await c._request("GET", "/healthz")).json()
                 if victim.node_id in health["unhealthy"] or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
+            assert took is not None, "the killed node kept answering"
             assert victim.node_id in health["unhealthy"], health
             t0 = time.monotonic()
             with pytest.raises(dsec.NodeLost, match=victim.node_id):
