@@ -111,7 +111,9 @@ class AsyncClient:
         """Create one sandbox and return it running. A ``request_id`` makes the call safe
         to retry: the same key returns the sandbox the first attempt made."""
         spec = _spec(locals())
-        resp = await self._request("POST", "/v1/sandboxes", json=spec.model_dump())
+        # only what was given: a server of an older version knows no newer fields
+        resp = await self._request("POST", "/v1/sandboxes",
+                                   json=spec.model_dump(exclude_unset=True))
         return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
 
     async def create_many(self, count: int,
@@ -133,10 +135,10 @@ class AsyncClient:
         args = dict(locals())
         args.pop("count")
         args.pop("request_id")
-        req = validated(CreateManyRequest, count=count, spec=_spec(args),
-                        request_id=request_id)
-        resp = await self._request("POST", "/v1/sandboxes/batch", json=req.model_dump(),
-                                   timeout=None)
+        extra = {"request_id": request_id} if request_id is not None else {}
+        req = validated(CreateManyRequest, count=count, spec=_spec(args), **extra)
+        resp = await self._request("POST", "/v1/sandboxes/batch",
+                                   json=req.model_dump(exclude_unset=True), timeout=None)
         body = resp.json()
         made = [AsyncSandbox(self, SandboxInfo.model_validate(s)) for s in body["sandboxes"]]
         if not made and body["errors"]:
