@@ -3,6 +3,7 @@ gateways placing and relaying over HTTP. (All "machines" are this host: the only
 
 import asyncio
 import shutil
+import socket
 from collections import Counter
 import tempfile
 import threading
@@ -177,6 +178,17 @@ async def test_two_gateways_placing_at_once_do_not_pile_onto_one_node(gateway):
         second.stop()
 
 
+def _wait_refused(url: str, within_s: float = 10.0) -> None:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) != 0:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{url} still accepts connections {within_s:g} s after the kill")
+
+
 async def test_a_lost_node_fails_fast_gets_no_placements_and_comes_back(gateway):
     url, token, nodes, dirs = gateway
     async with dsec.AsyncClient(url, token, timeout=60) as c:
@@ -187,6 +199,7 @@ async def test_a_lost_node_fails_fast_gets_no_placements_and_comes_back(gateway)
         assert lost and kept
         await lost[0].exec("echo before > /tmp/mark")
         ray.kill(victim.actor)  # the agent dies; its sandboxes keep running
+        _wait_refused(victim.url)  # ray.kill returns before the worker is gone
         try:
             deadline = time.monotonic() + 15
             took = None

@@ -128,3 +128,23 @@ async def test_the_loop_refreshes_in_the_background_and_on_a_reported_failure():
         assert a.calls > first  # woken at once, not after the 60 s period
     finally:
         await w.stop()
+
+
+async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_gone():
+    a, b = FakeNode("node-a"), FakeNode("node-b")
+    w = Watcher(FakeCluster([a, b]), timeout_s=0.05)
+    await w.refresh()
+    for node in (a, b):
+        node.answers = 0
+
+    async def busy() -> NodeLoad:
+        a.answers += 1  # another request to it came back while this probe waited
+        await asyncio.sleep(1)
+
+    async def hung() -> NodeLoad:
+        await asyncio.sleep(1)
+    a.load, b.load = busy, hung
+    for _ in range(3):
+        await w.refresh()
+    assert w.healthy("node-a") and w.view("node-a").error.startswith("busy")
+    assert not w.healthy("node-b")

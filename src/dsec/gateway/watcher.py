@@ -148,10 +148,20 @@ class Watcher:
         started = self.clock()
         view = self.views.get(client.node_id) or NodeView(
             client.node_id, client.short, in_process=getattr(client, "in_process", False))
+        answers = getattr(client, "answers", None)
         try:
             load = await asyncio.wait_for(client.load(), self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - any failure makes the node suspect
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, asyncio.TimeoutError) and answers is not None \
+                    and client.answers > answers and view.load is not None:
+                # Slow, not gone: it answered other requests meanwhile (a node busy with
+                # its share of a large batch). Marking it would send its share of every
+                # placement to the others; its last load plus this gateway's pending
+                # placements stand in until a probe comes back.
+                self.views[client.node_id] = replace(view, seen_at=started,
+                                                     error=f"busy: {why}")
+                return
             if view.failures == 0:
                 log.warning("node %s did not answer: %s", client.node_id, why)
             self.views[client.node_id] = replace(view, failures=view.failures + 1, error=why)
