@@ -107,7 +107,7 @@ async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], l
         placed = {i for c, first, n in jobs for i in range(first, first + n)}
         missing = sorted(again) + [i for i in missing if i not in placed]
     if missing:
-        why = _why_not(gw, spec, len(missing))
+        why = f"{len(missing)} of {req.count} fit on no node: {_why_not(gw, spec, 1)}"
         errors += [f"item {i}: capacity: {why}" for i in missing]
     return [made[i] for i in sorted(made)], errors
 
