@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ORDER = ["exec", "create", "density", "images_lazy", "images_memory", "images_cache",
-         "images_build", "fncall", "trajectory", "jobs", "microvm", "guest_network"]
+ORDER = ["exec", "hardening", "exec_load", "exec_memory", "create", "cluster", "ray",
+         "density", "images_lazy", "images_memory", "images_cache", "images_build", "fncall",
+         "trajectory", "jobs", "microvm", "guest_network"]
 
 
 def main() -> None:
