@@ -13,18 +13,15 @@ Ray is imported lazily: the embedded server does not need it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsec.api.errors import NotFound
-from dsec.cluster.base import node_short_of
 from dsec.cluster.http import NODE_KEEPALIVE_S, HttpNodeClient
+from dsec.cluster.remote import RemoteNodes
 from dsec.placement.admission import NodeLoad
 
-log = logging.getLogger("dsec.cluster.ray")
 
 __all__ = ["NAMESPACE", "NodeEndpoint", "RayCluster", "start_node_actor", "node_actor_class"]
 
@@ -140,18 +137,9 @@ def start_node_actor(state_dir: Path, token: str, backends: list[str] | None = N
     return NodeEndpoint(node_id=got_id, url=url, actor=actor)
 
 
-class RayCluster:
-    """The gateway's view of a Ray cluster: an :class:`HttpNodeClient` per node agent.
-
-    Node agents are discovered through Ray (named actors) every ``refresh_s`` in the
-    background, never per request. A node once known stays known: when it stops
-    answering, the watcher marks it unhealthy and its sandboxes answer NodeLost, instead
-    of being forgotten and answering NotFound."""
-
-    def __init__(self, token: str, refresh_s: float = 5.0) -> None:
-        self.token, self.refresh_s = token, refresh_s
-        self._clients: dict[str, HttpNodeClient] = {}
-        self._task: asyncio.Task | None = None
+class RayCluster(RemoteNodes):
+    """The gateway's view of a Ray cluster: an :class:`HttpNodeClient` per node agent,
+    discovered through Ray (named actors) every ``refresh_s`` in the background."""
 
     async def discover(self) -> None:
         found = await asyncio.to_thread(_discover)
@@ -161,37 +149,6 @@ class RayCluster:
                 self._clients[short] = HttpNodeClient(ep.node_id, ep.url, self.token)
                 if old is not None:
                     await old.close()
-
-    async def start(self) -> None:
-        await self.discover()
-        self._task = asyncio.create_task(self._loop(), name="dsec-ray-discovery")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                await self.discover()
-            except Exception:  # noqa: BLE001 - Ray hiccups must not end discovery
-                log.exception("node discovery through Ray failed")
-
-    def clients(self) -> list[HttpNodeClient]:
-        return list(self._clients.values())
-
-    def client_for(self, sb_id: str) -> HttpNodeClient:
-        client = self._clients.get(node_short_of(sb_id))
-        if client is None:
-            raise NotFound(f"sandbox {sb_id} not found (no node of this cluster is named "
-                           f"{node_short_of(sb_id) or 'in that id'})")
-        return client
-
-    def image_store(self):
-        return None
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for c in self._clients.values():
-            await c.close()
 
 
 def _discover() -> dict[str, NodeEndpoint]:

@@ -15,24 +15,21 @@ import logging
 
 import httpx
 
-from dsec.api.errors import NotFound
-from dsec.cluster.base import node_short_of
 from dsec.cluster.http import CONNECT_S, HttpNodeClient
+from dsec.cluster.remote import RemoteNodes
 
 __all__ = ["StaticCluster"]
 
 log = logging.getLogger("dsec.cluster.static")
 
 
-class StaticCluster:
+class StaticCluster(RemoteNodes):
     """An :class:`HttpNodeClient` per URL of ``urls``; ``token`` is the cluster credential."""
 
     def __init__(self, urls: list[str], token: str, refresh_s: float = 5.0) -> None:
+        super().__init__(token, refresh_s)
         self.urls = [u.rstrip("/") for u in urls]
-        self.token, self.refresh_s = token, refresh_s
-        self._clients: dict[str, HttpNodeClient] = {}  # short -> client
         self._unknown = list(self.urls)
-        self._task: asyncio.Task | None = None
 
     async def discover(self) -> None:
         """Ask each URL not known yet which node answers there."""
@@ -55,36 +52,8 @@ class StaticCluster:
             log.warning("%d node URL(s) do not answer yet: %s", len(still), ", ".join(still[:4]))
         self._unknown = still
 
-    async def start(self) -> None:
-        await self.discover()
-        self._task = asyncio.create_task(self._loop(), name="dsec-static-discovery")
-
-    async def _loop(self) -> None:
-        while self._unknown:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                await self.discover()
-            except Exception:  # noqa: BLE001 - one bad URL must not end discovery
-                log.exception("asking node URLs for their ids failed")
-
-    def clients(self) -> list[HttpNodeClient]:
-        return list(self._clients.values())
-
-    def client_for(self, sb_id: str) -> HttpNodeClient:
-        client = self._clients.get(node_short_of(sb_id))
-        if client is None:
-            raise NotFound(f"sandbox {sb_id} not found (no node of this cluster is named "
-                           f"{node_short_of(sb_id) or 'in that id'})")
-        return client
-
-    def image_store(self):
-        return None
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for c in self._clients.values():
-            await c.close()
+    def discovering(self) -> bool:
+        return bool(self._unknown)
 
 
 async def _node_id(http: httpx.AsyncClient, url: str) -> str:
