@@ -115,7 +115,7 @@ def test_any_json_text_validates_or_is_invalid_argument(cls):
     run()
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)  # a loaded CI machine must not fail it
 @given(any_text.filter(bool) | bad_text)
 def test_a_string_with_nul_or_a_lone_surrogate_is_never_accepted(s):
     bad = "\0" in s or any(0xD800 <= ord(c) <= 0xDFFF for c in s)
