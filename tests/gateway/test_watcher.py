@@ -148,3 +148,25 @@ async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_
         await w.refresh()
     assert w.healthy("node-a") and w.view("node-a").error.startswith("busy")
     assert not w.healthy("node-b")
+
+
+async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():
+    a = FakeNode("node-a")
+    a.aborts = a.revives = 0
+    a.lost = False
+
+    def abort():
+        a.aborts, a.lost = a.aborts + 1, True
+
+    def revive():
+        a.revives, a.lost = a.revives + 1, False
+    a.abort, a.revive = abort, revive
+    w = Watcher(FakeCluster([a]))
+    await w.refresh()
+    a.up = False
+    for _ in range(4):
+        await w.refresh()
+    assert (a.aborts, a.revives) == (1, 0)
+    a.up = True
+    await w.refresh()
+    assert (a.aborts, a.revives) == (1, 1)

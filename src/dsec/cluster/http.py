@@ -96,13 +96,25 @@ class HttpNodeClient:
         self.node_id, self.url, self.token = node_id, url.rstrip("/"), token
         self.short = node_id.removeprefix("node-")
         self.answers = 0  # responses of any kind so far: the watcher tells busy from gone
+        self.lost = False  # the watcher gave up on the node: no retries, no waiting on it
         # the SDK's transport: httpcore's pool costs ~0.5 ms of CPU per request (more with
         # many in flight), which was most of what the gateway added to a request
+        self._transport = FastTransport(max_connections=max_connections,
+                                        keepalive_expiry=KEEPALIVE_S)
         self.http = httpx.AsyncClient(
             base_url=self.url, headers={"authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(None, connect=CONNECT_S),
-            transport=FastTransport(max_connections=max_connections,
-                                    keepalive_expiry=KEEPALIVE_S))
+            timeout=httpx.Timeout(None, connect=CONNECT_S), transport=self._transport)
+
+    def abort(self) -> None:
+        """The node was marked unhealthy: requests in flight to it end now with NodeLost
+        (a hung node would otherwise hold them as long as it hangs; an exec has no read
+        timeout, since a command may run for hours)."""
+        self.lost = True
+        self._transport.abort()
+
+    def revive(self) -> None:
+        """The node answers again."""
+        self.lost = False
 
     # ---- transport ----
     def _lost(self, exc: Exception) -> NodeLost:
@@ -119,8 +131,8 @@ class HttpNodeClient:
                 resp = await self.http.send(req, stream=stream)
                 break
             except STALE as exc:
-                if attempt or method not in IDEMPOTENT or "content" in kw and not isinstance(
-                        kw["content"], bytes):
+                if attempt or self.lost or method not in IDEMPOTENT or "content" in kw \
+                        and not isinstance(kw["content"], bytes):
                     raise self._lost(exc) from exc
                 metrics.RETRIES.labels("stale_connection").inc()
             except httpx.TransportError as exc:

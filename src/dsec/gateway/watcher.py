@@ -134,7 +134,10 @@ class Watcher:
         """A request to the node failed: count it and refresh now, not at the next tick."""
         view = self.views.get(node_id)
         if view is not None:
+            was = self.healthy(node_id)
             self.views[node_id] = replace(view, failures=view.failures + 1, error=error)
+            if (client := self._clients.get(node_id)) is not None:
+                self._changed(client, was)
         self._wake.set()
 
     async def refresh(self) -> None:
@@ -145,6 +148,19 @@ class Watcher:
         await asyncio.gather(*(self._refresh_one(c) for c in clients))
 
     async def _refresh_one(self, client: NodeClient) -> None:
+        was = self.healthy(client.node_id)
+        await self._probe(client)
+        self._changed(client, was)
+
+    def _changed(self, client: NodeClient, was: bool) -> None:
+        """On a node's fall, end what is in flight to it; on its return, let it be."""
+        now = self.healthy(client.node_id)
+        if was and not now and hasattr(client, "abort"):
+            client.abort()
+        elif now and getattr(client, "lost", False):
+            client.revive()
+
+    async def _probe(self, client: NodeClient) -> None:
         started = self.clock()
         view = self.views.get(client.node_id) or NodeView(
             client.node_id, client.short, in_process=getattr(client, "in_process", False))

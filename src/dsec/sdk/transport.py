@@ -55,6 +55,12 @@ class FastTransport(httpx.AsyncBaseTransport):
             pool = self._pools[key] = _Pool(key, self.max_connections, self.keepalive_expiry)
         return await pool.send(request)
 
+    def abort(self) -> None:
+        """Close every connection, those carrying a request too: what waits on one fails
+        now with ReadError (a caller that knows the server hangs stops waiting for it)."""
+        for pool in self._pools.values():
+            pool.abort()
+
     async def aclose(self) -> None:
         for pool in self._pools.values():
             pool.close()
@@ -67,6 +73,7 @@ class _Pool:
     def __init__(self, origin: tuple[str, int], limit: int, expiry: float) -> None:
         self.origin, self.limit, self.expiry = origin, limit, expiry
         self.idle: list[_Conn] = []
+        self.busy: set[_Conn] = set()
         self.open = 0
         self.waiting: deque[asyncio.Future] = deque()
 
@@ -100,13 +107,16 @@ class _Pool:
                 conn = self.idle.pop()
                 if not conn.closed and now - conn.idle_since < self.expiry:
                     conn.reused = True
+                    self.busy.add(conn)
                     return conn
                 conn.close()
                 self.open -= 1
             if self.open < self.limit:
                 self.open += 1
                 try:
-                    return await _Conn.connect(self.origin, request, timeouts.get("connect"))
+                    conn = await _Conn.connect(self.origin, request, timeouts.get("connect"))
+                    self.busy.add(conn)
+                    return conn
                 except BaseException:
                     self.open -= 1
                     self._wake()
@@ -128,6 +138,7 @@ class _Pool:
 
     def release(self, conn: _Conn) -> None:
         """Back to the stack when its exchange ended cleanly, else closed."""
+        self.busy.discard(conn)
         if conn.reusable():
             conn.reset()
             conn.idle_since = time.monotonic()
@@ -147,7 +158,13 @@ class _Pool:
     def close(self) -> None:
         for conn in self.idle:
             conn.close()
+        self.open -= len(self.idle)
         self.idle.clear()
+
+    def abort(self) -> None:
+        self.close()
+        for conn in list(self.busy):  # each is released (and counted) by its exchange
+            conn.close()
 
 
 class _Stale(Exception):
