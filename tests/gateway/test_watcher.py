@@ -161,10 +161,16 @@ async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():
     def revive():
         a.revives, a.lost = a.revives + 1, False
     a.abort, a.revive = abort, revive
-    w = Watcher(FakeCluster([a]))
+    clock = Clock()
+    w = Watcher(FakeCluster([a]), abort_after_s=30.0, clock=clock)
     await w.refresh()
     a.up = False
+    for _ in range(4):  # marked, but not silent long enough to end its requests
+        clock.t += 5.0
+        await w.refresh()
+    assert not w.healthy("node-a") and (a.aborts, a.revives) == (0, 0)
     for _ in range(4):
+        clock.t += 5.0
         await w.refresh()
     assert (a.aborts, a.revives) == (1, 0)
     a.up = True

@@ -80,11 +80,12 @@ class Watcher:
     """Refreshes every node's view of ``cluster`` in the background."""
 
     def __init__(self, cluster: Cluster, period_s: float = 1.0, stale_after_s: float = 4.0,
-                 timeout_s: float = 2.0, max_failures: int = 2,
+                 timeout_s: float = 2.0, max_failures: int = 2, abort_after_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
         self.period_s, self.stale_after_s = period_s, stale_after_s
         self.timeout_s, self.max_failures = timeout_s, max_failures
+        self.abort_after_s = abort_after_s
         self.clock = clock
         self.views: dict[str, NodeView] = {}
         self._clients: dict[str, NodeClient] = {}
@@ -153,12 +154,21 @@ class Watcher:
         self._changed(client, was)
 
     def _changed(self, client: NodeClient, was: bool) -> None:
-        """On a node's fall, end what is in flight to it; on its return, let it be."""
-        now = self.healthy(client.node_id)
-        if was and not now and hasattr(client, "abort"):
+        """A node silent for ``abort_after_s`` has what is in flight to it ended (NodeLost)
+        rather than left waiting as long as it hangs; one that answers again is revived.
+        Not at the first mark: a node busy with a long request (its share of a big batch)
+        looks the same for a while, and ending that request would orphan what it makes."""
+        if self.healthy(client.node_id):
+            if getattr(client, "lost", False):
+                client.revive()
+            return
+        view = self.views.get(client.node_id)
+        if view is None or view.seen_at is None or getattr(client, "lost", True):
+            return
+        if self.clock() - view.seen_at >= self.abort_after_s:
+            log.warning("node %s silent for %.0f s: ending its requests in flight",
+                        client.node_id, self.clock() - view.seen_at)
             client.abort()
-        elif now and getattr(client, "lost", False):
-            client.revive()
 
     async def _probe(self, client: NodeClient) -> None:
         started = self.clock()
