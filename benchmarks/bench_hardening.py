@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import common
+from bench_exec import agent_true
 
 import dsec
-from dsec.node.agent.client import AgentProcess, SpawnRequest, unix_connector
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = "c0066a9"  # main before issue 13's hardening
@@ -58,14 +58,6 @@ def server_from(src: Path | None):
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
-
-
-async def agent_true(sock: str) -> None:
-    proc = await AgentProcess.start(unix_connector(sock), SpawnRequest(argv=["true"],
-                                                                        env={"PATH": "/bin"}))
-    proc.close_stdin()
-    while (await proc.next_event())[0] != "exit":
-        pass
 
 
 async def measure(servers: dict[str, object], rounds: int, per_round: int, warmup: int

@@ -37,24 +37,24 @@ async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None)
     from dsec.cluster.ray import RayCluster, ray_init
     token = _token(state_dir)
     await asyncio.to_thread(ray_init, address)
-    cluster = RayCluster(token)
-    _write_private(state_dir / "url", f"http://{host}:{port}\n")
-    server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
-                                           log_level="warning", access_log=False,
-                                           ws="websockets-sansio"))
-    print(f"dsec: gateway on http://{host}:{port} over Ray", flush=True)
-    await server.serve()
+    await _serve_gateway(RayCluster(token), token, state_dir, host, port, "Ray")
 
 
 async def _serve_static(state_dir: Path, host: str, port: int, urls: list[str]) -> None:
     from dsec.cluster.static import StaticCluster
     token = _token(state_dir)
-    cluster = StaticCluster(urls, token)
+    await _serve_gateway(StaticCluster(urls, token), token, state_dir, host, port,
+                         f"{len(urls)} node URL(s)")
+
+
+async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: int,
+                         over: str) -> None:
+    """A gateway of many remote nodes: the same app, over ``cluster``."""
     _write_private(state_dir / "url", f"http://{host}:{port}\n")
     server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
                                            log_level="warning", access_log=False,
                                            ws="websockets-sansio"))
-    print(f"dsec: gateway on http://{host}:{port} over {len(urls)} node URL(s)", flush=True)
+    print(f"dsec: gateway on http://{host}:{port} over {over}", flush=True)
     await server.serve()
 
 
