@@ -12,14 +12,12 @@ from dsec.node.backends.fake import FakeBackend
 from dsec.node.config import NodeConfig
 from dsec.node.service import NodeService
 from dsec.node.store import NodeStore
+from tests.support.fakenode import fake_node
 
 
 @pytest.fixture
 async def node(tmp_path: Path):
-    config = NodeConfig(state_dir=tmp_path, backends=["container"])
-    backend = FakeBackend(tmp_path, ensure_agent(tmp_path / "bin"))
-    svc = NodeService(config, {"container": backend}, NodeStore(tmp_path / "node.db"),
-                      "node-fa4e0001")
+    svc = fake_node(tmp_path, "node-fa4e0001")
     yield svc
     await svc.close(stop_sandboxes=True)
 

@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 
 from dsec.api.models import ExecRequest, SandboxSpec
-from dsec.node.agent.build import ensure_agent
-from dsec.node.backends.fake import FakeBackend
 from dsec.node.config import NodeConfig
-from dsec.node.service import NodeService
-from dsec.node.store import NodeStore
 from dsec.trajectory.log import TrajectoryLog
 from dsec.trajectory.retention import LogSummary, TrajectoryRetention, plan_prune
+from tests.support.fakenode import fake_node
 
 NONE = TrajectoryRetention(stopped_grace_s=None, max_age_s=None, max_mb=None)
 NOW = 1_000_000.0
@@ -148,10 +145,7 @@ def test_deleting_rows_by_hand_is_still_refused(log):
 # ---- the node ----
 @pytest.fixture
 async def node(tmp_path: Path):
-    config = NodeConfig(state_dir=tmp_path, backends=["container"])
-    backend = FakeBackend(tmp_path, ensure_agent(tmp_path / "bin"))
-    svc = NodeService(config, {"container": backend}, NodeStore(tmp_path / "node.db"),
-                      "node-fa4e0002")
+    svc = fake_node(tmp_path, "node-fa4e0002")
     yield svc
     await svc.close(stop_sandboxes=True)
 
