@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.limits import RequestLimits
 from dsec.images.sources import RemoteConfig
+from dsec.node.backends.config import ContainerBackendConfig, FncallConfig
 from dsec.node.backends.microvm.config import MicroVMConfig
 from dsec.placement.admission import AdmissionPolicy
 from dsec.trajectory.retention import TrajectoryRetention
@@ -55,6 +56,10 @@ class NodeConfig(BaseModel):
                     "truncated): a result is held in the node's memory, about four times "
                     "over while it is encoded and sent. A streamed exec holds no output "
                     "and is not bounded by this")
+    container: ContainerBackendConfig = Field(default_factory=ContainerBackendConfig,
+                                              description="settings of the container backend")
+    fncall: FncallConfig = Field(default_factory=FncallConfig,
+                                 description="settings of the fncall backend's worker pools")
     guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
                                   description="settings of the microvm and vm backends")
     limits: RequestLimits = Field(default_factory=RequestLimits,

@@ -26,7 +26,6 @@ from dsec.node import metrics
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
-from dsec.node.execution import exec_events, run_exec
 from dsec.node.pool import WarmPool
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
@@ -104,10 +103,9 @@ class NodeService:
         if stop_sandboxes:
             await asyncio.gather(*(self.stop(i) for i in list(self.records)),
                                  return_exceptions=True)
-        for backend in self.backends.values():
-            if hasattr(backend, "close"):  # backends with node-wide resources (fncall pools)
-                await backend.close()
-        images = getattr(self.backends.get("container"), "images", None)
+        for backend in self.backends.values():  # node-wide resources (fncall pools)
+            await backend.close()
+        images = self._layer_store()
         if images is not None and not self.records:
             # Layer mounts serve running sandboxes only; a node that leaves none running
             # leaves no mount (nor lazy-loading daemon) behind. The next start remounts.
@@ -187,7 +185,10 @@ class NodeService:
 
     async def get(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
-        used = await asyncio.to_thread(self.backends[rec.spec.backend].memory_bytes, rec)
+        try:
+            used = await asyncio.to_thread(self.backends[rec.spec.backend].memory_bytes, rec)
+        except Unsupported:
+            return self.info(rec)
         return self.info(rec).model_copy(update={"memory_used_mb": round(used / (1 << 20), 1)})
 
     async def list(self, job: str | None = None, labels: dict[str, str] | None = None,
@@ -418,16 +419,12 @@ class NodeService:
         backend, rec = await self._active(sb_id)
         req = self._bounded(req)  # after the log saw the request as it was asked
         with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
-            if hasattr(backend, "exec"):  # a stateless backend (fncall) runs exec itself
-                return await backend.exec(rec, req)
-            return await run_exec(backend, rec, req)
+            return await backend.exec(rec, req)
 
     @recorded_stream
     async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         backend, rec = await self._active(sb_id)
-        events = backend.exec_events(rec, req) if hasattr(backend, "exec_events") \
-            else exec_events(backend, rec, req)
-        async for ev in events:
+        async for ev in backend.exec_events(rec, req):
             yield ev
 
     async def shell_open(self, sb_id: str) -> ShellInfo:
@@ -474,15 +471,13 @@ class NodeService:
         backend, rec = await self._active(sb_id)
         return backend.files(rec)
 
-    async def upper_dir(self, sb_id: str) -> Path:
-        backend, rec = await self._active(sb_id)
-        if not hasattr(backend, "upper_dir"):
-            raise Unsupported(f"backend {rec.spec.backend} cannot pack its writable layer")
-        return backend.upper_dir(rec)
-
     # ---- images ----
+    def _layer_store(self):
+        backend = self.backends.get("container")
+        return backend.images if backend is not None else None
+
     def _images(self):
-        images = getattr(self.backends.get("container"), "images", None)
+        images = self._layer_store()
         if images is None:
             raise Unsupported(f"node {self.node_id} has no layer store")
         return images
@@ -528,35 +523,20 @@ class NodeService:
     async def pack_diff(self, sb_id: str, req: PackDiffRequest) -> ImageSummary:
         """Pack the writable layer as a new layer over the sandbox's image and tag it."""
         backend, rec = await self._active(sb_id)
-        excludes = ["/.dsec", *req.exclude]
-        if hasattr(backend, "pack_diff"):  # guests pack through their agent, running
-            info = await backend.pack_diff(rec, req.tag, excludes)
-            layers = len(rec.runtime.get("layer_digests") or []) + 1
-        else:
-            upper = await self.upper_dir(sb_id)
-            images = self._images()
-            await self.pause(sb_id)  # a frozen sandbox gives a consistent snapshot
-            try:
-                base = await asyncio.to_thread(images.resolve, rec.spec.image, rec.spec.layers)
-                info = await asyncio.to_thread(images.pack_diff, upper, req.tag, base, excludes)
-            finally:
-                await self.resume(sb_id)
-            layers = len(base.layer_digests) + 1
+        info = await backend.pack_diff(rec, req.tag, ["/.dsec", *req.exclude])
+        layers = len(rec.runtime.get("layer_digests") or []) + 1
         return ImageSummary(name=info.tag or req.tag, digest=info.manifest_digest or "",
                             layers=layers, size=info.size, created=time.time())
 
     # ---- display and input (vm) ----
     async def screenshot(self, sb_id: str) -> bytes:
         backend, rec = await self._active(sb_id)
-        if not hasattr(backend, "screenshot"):
-            raise Unsupported(f"{rec.spec.backend} sandboxes have no display; use backend='vm'")
         return await backend.screenshot(rec)
 
     async def input(self, sb_id: str, req: InputRequest) -> None:
+        if req.text is None and not req.keys and req.click is None:
+            raise InvalidArgument("input needs text, keys or click; got none of them")
         backend, rec = await self._active(sb_id)
-        if not hasattr(backend, "type_text"):
-            raise Unsupported(f"{rec.spec.backend} sandboxes have no keyboard or pointer; "
-                              "use backend='vm'")
         if req.text is not None:
             await backend.type_text(rec, req.text)
         if req.keys:

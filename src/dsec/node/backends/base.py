@@ -1,20 +1,31 @@
-"""The protocol every backend implements, and the record the node keeps per sandbox.
+"""The contract every backend keeps, and the record the node keeps per sandbox.
 
-A backend only starts, stops, pauses and resumes sandboxes and says how to reach the
-in-sandbox agent and the sandbox's files. Exec, shells, streaming, limits on output and
-the trajectory log are written once in the node on top of that.
+:class:`Backend` lists every verb the node may call. A backend overrides what it offers;
+what it does not offer raises :class:`~dsec.api.errors.Unsupported` from here, so a missing
+capability is always the same clear error (never an absent method or a silent no-op) and
+the node never probes a backend with ``hasattr``.
+
+A backend starts, stops, pauses and resumes sandboxes and says how to reach the in-sandbox
+agent and the sandbox's files. Exec, shells, streaming, limits on output and the trajectory
+log are written once in the node on top of that (:meth:`Backend.exec` defaults to it).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
-from dsec.api.models import SandboxSpec
-from dsec.node.agent.client import AgentConnector
-from dsec.node.files import FileOps
+from dsec.api.errors import Unsupported
 
-__all__ = ["Backend", "SandboxRecord"]
+if TYPE_CHECKING:
+    from dsec.api.models import ExecEvent, ExecRequest, ExecResult, SandboxSpec
+    from dsec.images.models import LayerInfo
+    from dsec.node.agent.client import AgentConnector
+    from dsec.node.files import FileOps
+
+__all__ = ["Backend", "Reclaim", "SandboxRecord"]
 
 
 @dataclass
@@ -31,35 +42,129 @@ class SandboxRecord:
     error: str | None = None
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """One way of running sandboxes on this node."""
+@dataclass
+class Reclaim:
+    """What one reclaim of a paused sandbox did."""
 
-    name: str
+    before_bytes: int   # memory charged to the sandbox when it started
+    after_bytes: int    # memory charged once it ended
+    swapped_bytes: int  # of the sandbox's memory, what sits in swap now
+    complete: bool      # False: stopped early (swap full, cancelled, no progress)
+    note: str = ""      # why it stopped early, for the log and the sandbox's info
 
+    @property
+    def freed_bytes(self) -> int:
+        return max(0, self.before_bytes - self.after_bytes)
+
+
+class Backend:
+    """One way of running sandboxes on this node. Subclasses set :attr:`name` and override
+    the verbs they offer; see the module docstring."""
+
+    name: ClassVar[str] = ""
+    #: CPU classes a sandbox of this backend may ask for (``SandboxSpec.cpu_class``).
+    cpu_classes: ClassVar[frozenset[str]] = frozenset({"latency"})
+    #: The node's layer store when this backend has one (``None``: no images here).
+    images = None
+
+    def _unsupported(self, what: str, rec: SandboxRecord | None = None) -> Unsupported:
+        name = rec.spec.backend if rec is not None else self.name
+        return Unsupported(f"{name} sandboxes cannot {what}")
+
+    # ---- lifecycle: every backend has these ----
     async def start(self, rec: SandboxRecord) -> dict:
         """Create and start the sandbox; return backend runtime info to persist."""
+        raise NotImplementedError
 
     async def stop(self, rec: SandboxRecord) -> None:
         """Remove every process, mount, cgroup, file of the sandbox. Idempotent."""
-
-    async def pause(self, rec: SandboxRecord) -> None:
-        """Freeze every process of the sandbox."""
-
-    async def resume(self, rec: SandboxRecord) -> None:
-        """Undo :meth:`pause`."""
+        raise NotImplementedError
 
     async def alive(self, rec: SandboxRecord) -> bool:
         """Whether the sandbox still runs (used when the node restarts)."""
+        raise NotImplementedError
 
-    def connector(self, rec: SandboxRecord) -> AgentConnector:
-        """How to open a connection to the sandbox's agent."""
+    async def close(self) -> None:
+        """Release node-wide resources (worker pools) when the node closes."""
 
-    def files(self, rec: SandboxRecord) -> FileOps:
-        """File operations confined to the sandbox's root."""
+    async def apply_spec(self, rec: SandboxRecord) -> None:
+        """Give a running (pooled) sandbox the limits of ``rec.spec``."""
+        raise self._unsupported("be taken from a warm pool", rec)
 
-    def oom_kills(self, rec: SandboxRecord) -> int:
-        """OOM kills so far in the sandbox (compared before/after an exec)."""
+    # ---- pause, and the memory a paused sandbox gives back ----
+    async def pause(self, rec: SandboxRecord) -> None:
+        """Freeze every process of the sandbox (at once: reclaim is separate)."""
+        raise self._unsupported("pause", rec)
+
+    async def resume(self, rec: SandboxRecord) -> None:
+        """Undo :meth:`pause`; :meth:`restore` has run first when memory was reclaimed."""
+        raise self._unsupported("resume", rec)
+
+    def reclaim(self, rec: SandboxRecord, cancelled) -> Reclaim:
+        """Push a paused sandbox's memory out to swap and out of the page cache (blocking:
+        the node runs it in a thread). ``cancelled()`` is polled between steps: when it
+        turns true (a request wants the sandbox) the reclaim ends at once."""
+        raise self._unsupported("give memory back while paused", rec)
+
+    def restore(self, rec: SandboxRecord) -> None:
+        """Undo :meth:`reclaim`: limits as the spec says, swapped memory read back."""
+        raise self._unsupported("give memory back while paused", rec)
 
     def memory_bytes(self, rec: SandboxRecord) -> int:
         """Host memory the sandbox is charged for now."""
+        raise self._unsupported("report their memory", rec)
+
+    def oom_kills(self, rec: SandboxRecord) -> int:
+        """OOM kills so far in the sandbox (compared before/after an exec)."""
+        raise self._unsupported("report OOM kills", rec)
+
+    # ---- exec, agent, files ----
+    async def exec(self, rec: SandboxRecord, req: ExecRequest) -> ExecResult:
+        """Run one command; by default through the in-sandbox agent."""
+        from dsec.node.execution import run_exec
+        return await run_exec(self, rec, req)
+
+    def exec_events(self, rec: SandboxRecord, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """Run one command, streaming; by default through the in-sandbox agent."""
+        from dsec.node.execution import exec_events
+        return exec_events(self, rec, req)
+
+    def connector(self, rec: SandboxRecord) -> AgentConnector:
+        """How to open a connection to the sandbox's agent."""
+        raise self._unsupported("open shells or agent connections", rec)
+
+    def files(self, rec: SandboxRecord) -> FileOps:
+        """File operations confined to the sandbox's root."""
+        raise self._unsupported("read or write files", rec)
+
+    async def pack_diff(self, rec: SandboxRecord, tag: str, exclude: list[str]) -> LayerInfo:
+        """Pack the writable layer as a new layer over the sandbox's image, tagged ``tag``."""
+        raise self._unsupported("pack their writable layer", rec)
+
+    def upper_dir(self, rec: SandboxRecord) -> Path:
+        """The host directory holding the sandbox's writable layer."""
+        raise self._unsupported("pack their writable layer", rec)
+
+    # ---- display and input ----
+    async def screenshot(self, rec: SandboxRecord) -> bytes:
+        """A PNG of the sandbox's display."""
+        raise Unsupported(f"{rec.spec.backend} sandboxes have no display; use backend='vm'")
+
+    async def type_text(self, rec: SandboxRecord, text: str) -> None:
+        """Type ``text`` on the sandbox's keyboard."""
+        raise Unsupported(f"{rec.spec.backend} sandboxes have no keyboard or pointer; "
+                          "use backend='vm'")
+
+    async def press_keys(self, rec: SandboxRecord, keys: list[str]) -> None:
+        """Press ``keys`` together (a chord) on the sandbox's keyboard."""
+        raise Unsupported(f"{rec.spec.backend} sandboxes have no keyboard or pointer; "
+                          "use backend='vm'")
+
+    async def click(self, rec: SandboxRecord, x: int, y: int, button: str = "left") -> None:
+        """Click at (x, y) on the sandbox's display."""
+        raise Unsupported(f"{rec.spec.backend} sandboxes have no keyboard or pointer; "
+                          "use backend='vm'")
+
+    def console(self, rec: SandboxRecord) -> str:
+        """The sandbox's console output so far, for debugging."""
+        raise self._unsupported("show a console", rec)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dsec.api.errors import Capacity, Internal, InvalidArgument
 from dsec.node.agent.client import AgentConnector, ping, unix_connector
-from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts
 from dsec.node.host.charged import Charge
@@ -35,7 +35,7 @@ __all__ = ["ContainerBackend"]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class ContainerBackend:
+class ContainerBackend(Backend):
     """Runs sandboxes as runc containers; see the module docstring for the layout."""
 
     name = "container"
@@ -270,6 +270,16 @@ class ContainerBackend:
 
     def upper_dir(self, rec: SandboxRecord) -> Path:
         return self.sandbox_dir(rec.id) / "rw" / "upper"
+
+    async def pack_diff(self, rec: SandboxRecord, tag: str, exclude: list[str]):
+        """Pack the writable layer, frozen meanwhile for a consistent snapshot."""
+        base = await asyncio.to_thread(self.images.resolve, rec.spec.image, rec.spec.layers)
+        await self._freeze(rec, True)
+        try:
+            return await asyncio.to_thread(self.images.pack_diff, self.upper_dir(rec), tag,
+                                           base, exclude)
+        finally:
+            await self._freeze(rec, False)
 
 
 def _belongs_to(pid: int, sb_id: str) -> bool:

@@ -14,14 +14,14 @@ import subprocess
 from pathlib import Path
 
 from dsec.node.agent.client import AgentConnector, ping, unix_connector
-from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.files import FileOps
 from dsec.node.host.rooted import RootedFiles
 
 __all__ = ["FakeBackend"]
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """Runs the real agent as a plain host process per sandbox (no isolation)."""
 
     name = "container"

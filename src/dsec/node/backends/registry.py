@@ -19,10 +19,12 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
     for name in config.backends:
         if name == "container":
             from dsec.node.backends.container import ContainerBackend
-            out[name] = ContainerBackend(config.state_dir, images, agent)
+            out[name] = ContainerBackend(config.state_dir, images, agent,
+                                         runc=config.container.runc)
         elif name == "fncall":  # pools start lazily, on the first call
             from dsec.node.backends.fncall import FncallBackend
-            out[name] = FncallBackend(config.state_dir, images, agent)
+            out[name] = FncallBackend(config.state_dir, images, agent,
+                                      **config.fncall.model_dump())
         elif name == "microvm":  # guest kernel and initramfs are built on first use
             from dsec.node.backends.microvm import MicroVMBackend
             out[name] = MicroVMBackend(config.state_dir, images, agent, config.guests)

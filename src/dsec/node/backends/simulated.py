@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dsec.api.errors import Unsupported
 from dsec.api.models import ExecRequest, ExecResult
-from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
 
 __all__ = ["SimulatedBackend", "open_simulated_node"]
@@ -27,7 +27,7 @@ __all__ = ["SimulatedBackend", "open_simulated_node"]
 ANSWERS = {"true": 0, "false": 1}  # the only commands a simulated sandbox "runs"
 
 
-class SimulatedBackend:
+class SimulatedBackend(Backend):
     """Records only. ``name`` is the backend the simulated sandboxes answer to (the
     default ``container``, so an unchanged client spec lands here)."""
 
@@ -58,14 +58,14 @@ class SimulatedBackend:
                               f"node): it answers only {sorted(ANSWERS)}; got {cmd[:60]!r}")
         return ExecResult(exit_code=code)
 
-    def _unsupported(self, what: str, rec: SandboxRecord) -> Unsupported:
+    def _lacks(self, what: str, rec: SandboxRecord) -> Unsupported:
         return Unsupported(f"sandbox {rec.id} is simulated: it has no {what}")
 
     def connector(self, rec: SandboxRecord):
-        raise self._unsupported("agent (shells, streams and terminals need one)", rec)
+        raise self._lacks("agent (shells, streams and terminals need one)", rec)
 
     def files(self, rec: SandboxRecord):
-        raise self._unsupported("files", rec)
+        raise self._lacks("files", rec)
 
     def oom_kills(self, rec: SandboxRecord) -> int:
         return 0

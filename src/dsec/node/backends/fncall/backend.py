@@ -39,7 +39,7 @@ from dsec.api.errors import InvalidArgument, Unsupported
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import ExecEvent, ExecRequest, ExecResult
 from dsec.node.agent.client import AgentConnector
-from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.fncall.pool import Pool
 from dsec.node.backends.fncall.worker import Worker, WorkerContainers, WorkerKey
 from dsec.node.files import FileOps
@@ -55,7 +55,7 @@ class _Refused(Exception):
     pass
 
 
-class FncallBackend:
+class FncallBackend(Backend):
     """See the module docstring."""
 
     name = "fncall"
@@ -134,7 +134,7 @@ class FncallBackend:
         pools, self.pools = [*self.pools.values(), *self._closing], {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
 
-    # ---- the Backend protocol, for stateless sandboxes ----
+    # ---- the Backend contract, for stateless sandboxes ----
     async def start(self, rec: SandboxRecord) -> dict:
         await asyncio.to_thread(self.images.resolve, rec.spec.image, rec.spec.layers)
         if rec.spec.layers:

@@ -27,11 +27,10 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from dsec.api.errors import Unsupported
 from dsec.api.models import SandboxSpec
 from dsec.images.models import LayerInfo
 from dsec.node.agent.client import AgentConnector
-from dsec.node.backends.base import SandboxRecord
+from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.backends.microvm import accel as accel_mod
 from dsec.node.backends.microvm import snapshot
 from dsec.node.backends.microvm.cgroup import release
@@ -49,7 +48,7 @@ from dsec.node.host import netns
 
 __all__ = ["MicroVMBackend", "MicroVMConfig"]
 
-class MicroVMBackend:
+class MicroVMBackend(Backend):
     """Runs sandboxes as QEMU microvm guests; see the module docstring for the layout."""
 
     name = "microvm"
@@ -254,22 +253,6 @@ class MicroVMBackend:
         files = self.files(rec)
         return await asyncio.to_thread(pack_guest_upper, self.images, files.connect, tag,
                                        base, exclude)
-
-    async def screenshot(self, rec: SandboxRecord) -> bytes:
-        """microvm guests have no display."""
-        raise Unsupported(f"{self.name} sandboxes have no display; use backend='vm'")
-
-    async def type_text(self, rec: SandboxRecord, text: str) -> None:
-        """microvm guests have no keyboard."""
-        raise Unsupported(f"{self.name} sandboxes have no keyboard; use backend='vm'")
-
-    async def press_keys(self, rec: SandboxRecord, keys: list[str]) -> None:
-        """microvm guests have no keyboard."""
-        raise Unsupported(f"{self.name} sandboxes have no keyboard; use backend='vm'")
-
-    async def click(self, rec: SandboxRecord, x: int, y: int, button: str = "left") -> None:
-        """microvm guests have no pointer."""
-        raise Unsupported(f"{self.name} sandboxes have no pointer; use backend='vm'")
 
     def console(self, rec: SandboxRecord) -> str:
         """The guest's serial console so far (capped), for debugging."""
