@@ -24,6 +24,8 @@ __all__ = [
     "CreateManyRequest",
     "SandboxInfo",
     "SandboxList",
+    "CreateManyResponse",
+    "TarWritten",
     "ExecRequest",
     "ProcessOutcome",
     "ExecResult",
@@ -196,6 +198,19 @@ class SandboxList(BaseModel):
     unreachable: list[str] = Field(default_factory=list,
                                    description="nodes that did not answer: their sandboxes "
                                                "are missing from this list")
+
+
+class CreateManyResponse(BaseModel):
+    """What a batch create made, and one message per item it could not."""
+
+    sandboxes: list[SandboxInfo]
+    errors: list[str]
+
+
+class TarWritten(BaseModel):
+    """How many entries a tar upload unpacked."""
+
+    entries: int
 
 
 class ExecRequest(_Request):

@@ -24,6 +24,11 @@ from dsec.images.tarsafe import TarLimits
 __all__ = ["ImageService"]
 
 BUSYBOX_TAG = "busybox:latest"
+# What every "image not found" says: the ways to get one onto the node.
+IMAGE_HINT = ("Get it onto the node: `make images` (or `make run`) builds busybox and "
+              "debian:12 (also tagged python:3.11); `dsec image import TAR --tag NAME` takes "
+              "an OCI layout or a `docker save` tar; `dsec image build FILE.toml` builds on "
+              "busybox; `dsec image push NAME --to URL`, run where the image is, sends it here")
 
 
 class ImageService:
@@ -64,7 +69,7 @@ class ImageService:
         if digest is None:
             known = list(self.store.tags())
             shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
-            raise NotFound(f"image {ref!r} not found; known: {shown or '(none)'}")
+            raise NotFound(f"image {ref!r} not found; known: {shown or '(none)'}. {IMAGE_HINT}")
         return digest
 
     def pull(self, ref: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -12,11 +11,12 @@ from urllib.parse import quote
 
 import httpx
 
-from dsec.api.errors import InvalidArgument, SandboxTimeout, Unavailable, error_from_wire
+from dsec.api.errors import InvalidArgument, error_from_wire
 from dsec.api.fncall import (FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult,
                              Language)
-from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
-                             SandboxList, SandboxSpec, validated)
+from dsec.api.models import (CreateManyRequest, CreateManyResponse, ImageSummary, NodeInfo,
+                             SandboxInfo, SandboxList, SandboxSpec, validated)
+from dsec.sdk.boundary import guarded, lines, parse, raise_for_status, translate
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.sandbox import AsyncSandbox
 from dsec.sdk.transport import FastTransport
@@ -48,6 +48,7 @@ def default_token() -> str | None:
         return None
 
 
+@guarded
 class AsyncClient:
     """Talks to a dsec gateway. ``async with AsyncClient() as c: sb = await c.create()``."""
 
@@ -73,30 +74,24 @@ class AsyncClient:
 
     # ---- transport ----
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        if self._http.is_closed:
+            raise InvalidArgument("this client is closed (by close() or at the end of its "
+                                  "`with` block); make a new one")
         try:
             resp = await self._http.request(method, path, **kw)
-        except httpx.TimeoutException as exc:
-            raise SandboxTimeout(f"{method} {path} got no answer in time: {exc!r}") from exc
-        except httpx.TransportError as exc:
-            raise Unavailable(f"cannot reach the dsec server at {self.url} ({exc!r}); "
-                              "is it running? (make run, or set DSEC_URL)") from exc
-        if resp.status_code >= 400:
-            await resp.aread()
-            try:
-                body = resp.json()
-            except ValueError:
-                body = resp.text
-            raise error_from_wire(body, resp.status_code)
+        except httpx.HTTPError as exc:
+            raise translate(exc, f"{method} {path}", self.url) from exc
+        await raise_for_status(resp)
         return resp
 
     async def _stream_lines(self, path: str, body: dict) -> AsyncIterator[dict]:
-        async with self._http.stream("POST", path, json=body, timeout=None) as resp:
-            if resp.status_code >= 400:
-                await resp.aread()
-                raise error_from_wire(resp.json(), resp.status_code)
-            async for line in resp.aiter_lines():
-                if line:
-                    yield json.loads(line)
+        try:
+            async with self._http.stream("POST", path, json=body, timeout=None) as resp:
+                await raise_for_status(resp)
+                async for line in lines(resp):
+                    yield line
+        except httpx.HTTPError as exc:
+            raise translate(exc, f"POST {path}", self.url) from exc
 
     # ---- sandboxes ----
     async def create(self, backend: Literal["container", "microvm", "vm", "fncall"] = "container",
@@ -114,7 +109,7 @@ class AsyncClient:
         # only what was given: a server of an older version knows no newer fields
         resp = await self._request("POST", "/v1/sandboxes",
                                    json=spec.model_dump(exclude_unset=True))
-        return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
+        return AsyncSandbox(self, parse(SandboxInfo, resp))
 
     async def create_many(self, count: int,
                           backend: Literal["container", "microvm", "vm", "fncall"] = "container",
@@ -139,17 +134,17 @@ class AsyncClient:
         req = validated(CreateManyRequest, count=count, spec=_spec(args), **extra)
         resp = await self._request("POST", "/v1/sandboxes/batch",
                                    json=req.model_dump(exclude_unset=True), timeout=None)
-        body = resp.json()
-        made = [AsyncSandbox(self, SandboxInfo.model_validate(s)) for s in body["sandboxes"]]
-        if not made and body["errors"]:
-            raise error_from_wire({"error": {"code": "capacity", "message": body["errors"][0]}},
+        body = parse(CreateManyResponse, resp)
+        made = [AsyncSandbox(self, s) for s in body.sandboxes]
+        if not made and body.errors:
+            raise error_from_wire({"error": {"code": "capacity", "message": body.errors[0]}},
                                   429)
         return made
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         """The sandbox with this id (it may have been created by another client)."""
         resp = await self._request("GET", f"/v1/sandboxes/{sandbox_id}")
-        return AsyncSandbox(self, SandboxInfo.model_validate(resp.json()))
+        return AsyncSandbox(self, parse(SandboxInfo, resp))
 
     async def attach(self, sandbox_id: str) -> AsyncSandbox:
         """Reconnect to a running sandbox, e.g. after the trainer was preempted."""
@@ -163,12 +158,12 @@ class AsyncClient:
             params.append(("job", job))
         params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
         resp = await self._request("GET", "/v1/sandboxes", params=params)
-        return SandboxList.model_validate(resp.json()).sandboxes
+        return parse(SandboxList, resp).sandboxes
 
     async def images(self) -> list[ImageSummary]:
         """Images (tags) the server knows."""
         resp = await self._request("GET", "/v1/images")
-        return [ImageSummary.model_validate(x) for x in resp.json()]
+        return parse(list[ImageSummary], resp)
 
     async def remove_image(self, name: str) -> None:
         """Untag an image; its layers go too unless another image or a sandbox keeps them
@@ -178,7 +173,7 @@ class AsyncClient:
     async def nodes(self) -> list[NodeInfo]:
         """Nodes of the cluster with their load."""
         resp = await self._request("GET", "/v1/nodes")
-        return [NodeInfo.model_validate(x) for x in resp.json()]
+        return parse(list[NodeInfo], resp)
 
     async def stop_all(self, job: str | None = None) -> int:
         """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
@@ -214,7 +209,7 @@ class AsyncClient:
             max_output=max_output, compile_args=compile_args or []))
         resp = await self._request("POST", "/v1/fncall", json=req.model_dump(mode="json"),
                                    timeout=timeout + 60)
-        out = FnCallResult.model_validate(resp.json())
+        out = parse(FnCallResult, resp)
         return out.result() if callable(fn) else out
 
     async def fncall_many(self, calls: list[str | FnCallRequest | Callable[..., Any]], *,
@@ -229,10 +224,10 @@ class AsyncClient:
                       disk_mb=disk_mb)
         reqs = [c if isinstance(c, FnCallRequest) else _fncall_request(c, (), None, common)
                 for c in calls]
-        batch = FnCallBatch(calls=reqs)
+        batch = validated(FnCallBatch, calls=reqs)
         resp = await self._request("POST", "/v1/fncall/batch",
                                    json=batch.model_dump(mode="json"), timeout=None)
-        return FnCallBatchResult.model_validate(resp.json()).results
+        return parse(FnCallBatchResult, resp).results
 
 
 def _fncall_request(fn: Any, args: tuple, kwargs: dict[str, Any] | None,
@@ -242,12 +237,17 @@ def _fncall_request(fn: Any, args: tuple, kwargs: dict[str, Any] | None,
     if isinstance(fn, str):
         if args or kwargs:
             raise InvalidArgument("arguments go with a callable; pass argv=[...] to code")
-        return FnCallRequest(code=fn, **options)
+        return validated(FnCallRequest, code=fn, **options)
     if not callable(fn):
         raise InvalidArgument(f"fncall takes source code or a callable; got "
                               f"{type(fn).__name__}")
     import cloudpickle
-    return FnCallRequest(callable=cloudpickle.dumps((fn, args, kwargs or {})), **options)
+    try:
+        payload = cloudpickle.dumps((fn, args, kwargs or {}))
+    except Exception as exc:  # a lambda over a socket, a lock, ...: cannot be sent
+        raise InvalidArgument(f"cannot send {fn!r} by value: {type(exc).__name__}: {exc}") \
+            from exc
+    return validated(FnCallRequest, callable=payload, **options)
 
 
 def _spec(args: dict) -> SandboxSpec:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dsec.api.models import validated
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
+from dsec.sdk.boundary import guarded, parse
 from dsec.sdk.sandbox import AsyncSandbox
 
 if TYPE_CHECKING:
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncJobs"]
 
 
+@guarded
 class AsyncJobs:
     """The jobs of a cluster: every sandbox created with ``job=name`` belongs to ``name``."""
 
@@ -22,11 +25,11 @@ class AsyncJobs:
     async def list(self) -> list[JobInfo]:
         """Every job with sandboxes or a lease, with counts by state and usage."""
         resp = await self._client._request("GET", "/v1/jobs")
-        return JobList.model_validate(resp.json()).jobs
+        return parse(JobList, resp).jobs
 
     async def get(self, job: str) -> JobInfo:
         resp = await self._client._request("GET", f"/v1/jobs/{job}")
-        return JobInfo.model_validate(resp.json())
+        return parse(JobInfo, resp)
 
     async def attach(self, job: str) -> list[AsyncSandbox]:
         """Reconnect to every sandbox of the job (a trainer back from preemption)."""
@@ -36,12 +39,12 @@ class AsyncJobs:
         """Freeze every sandbox of the job (the trainer went away); files and processes stay.
         The next request to any of them resumes that one."""
         resp = await self._client._request("POST", f"/v1/jobs/{job}/pause", timeout=None)
-        return JobInfo.model_validate(resp.json())
+        return parse(JobInfo, resp)
 
     async def resume(self, job: str) -> JobInfo:
         """Thaw every paused sandbox of the job at once."""
         resp = await self._client._request("POST", f"/v1/jobs/{job}/resume", timeout=None)
-        return JobInfo.model_validate(resp.json())
+        return parse(JobInfo, resp)
 
     async def stop(self, job: str) -> None:
         """Stop every sandbox of the job and drop its lease."""
@@ -51,6 +54,7 @@ class AsyncJobs:
                         stop_after_s: float | None = 3600.0) -> JobInfo:
         """Renew the job's lease: without a heartbeat for ``lease_s`` the job is paused,
         and ``stop_after_s`` after that, stopped."""
-        body = HeartbeatRequest(lease_s=lease_s, stop_after_s=stop_after_s).model_dump()
+        body = validated(HeartbeatRequest, lease_s=lease_s,
+                         stop_after_s=stop_after_s).model_dump()
         resp = await self._client._request("POST", f"/v1/jobs/{job}/heartbeat", json=body)
-        return JobInfo.model_validate(resp.json())
+        return parse(JobInfo, resp)

@@ -1,26 +1,23 @@
-"""A sandbox handle and its shells and files, as the asynchronous SDK sees them."""
+"""A sandbox handle, its shells and its display, as the asynchronous SDK sees them."""
 
 from __future__ import annotations
 
 import base64
-import io
-import tarfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsec.api.errors import error_from_wire
-from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecResult, FileInfo,
-                             FileList, ImageSummary, InputRequest, PackDiffRequest, SandboxInfo,
-                             ShellInfo, ShellRunRequest, validated)
+from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecResult,
+                             ImageSummary, InputRequest, PackDiffRequest, SandboxInfo, ShellInfo,
+                             ShellRunRequest, validated)
 from dsec.api.rl import AuditList, AuditRecord, NetworkRequest, NetworkStatus, TrajectoryPage
+from dsec.sdk.boundary import guarded, parse, parse_obj
+from dsec.sdk.files import AsyncFiles
 
 if TYPE_CHECKING:
     from dsec.sdk.client import AsyncClient
 
 __all__ = ["AsyncSandbox", "AsyncShell", "AsyncFiles", "AsyncInput"]
-
-CHUNK = 1 << 20
 
 
 def _exec_body(cmd: str | list[str], cwd: str | None, env: dict[str, str] | None,
@@ -34,6 +31,7 @@ def _exec_body(cmd: str | list[str], cwd: str | None, env: dict[str, str] | None
                        step=step).model_dump()
 
 
+@guarded
 class AsyncSandbox:
     """One sandbox. Obtain it from ``client.create(...)`` or ``client.get(id)``."""
 
@@ -50,7 +48,7 @@ class AsyncSandbox:
     async def refresh(self) -> SandboxInfo:
         """Fetch the current state from the server."""
         resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}")
-        self.info = SandboxInfo.model_validate(resp.json())
+        self.info = parse(SandboxInfo, resp)
         return self.info
 
     async def exec(self, cmd: str | list[str], *, cwd: str | None = None,
@@ -66,7 +64,7 @@ class AsyncSandbox:
         http_timeout = None if timeout is None else timeout + 30
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/exec", json=body,
                                            timeout=http_timeout)
-        return ExecResult.model_validate_json(resp.content)
+        return parse(ExecResult, resp)
 
     async def exec_stream(self, cmd: str | list[str], *, cwd: str | None = None,
                           env: dict[str, str] | None = None, user: str | None = None,
@@ -79,12 +77,12 @@ class AsyncSandbox:
                                                       body):
             if "error" in line:
                 raise error_from_wire(line, 500)
-            yield ExecEvent.model_validate(line)
+            yield parse_obj(ExecEvent, line, "exec_stream")
 
     async def shell(self) -> AsyncShell:
         """A shell session: cwd and exported variables persist between ``run`` calls."""
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/shells")
-        return AsyncShell(self._client, ShellInfo.model_validate(resp.json()))
+        return AsyncShell(self._client, parse(ShellInfo, resp))
 
     async def screenshot(self) -> bytes:
         """The sandbox's display as PNG bytes (``backend="vm"``; others raise Unsupported)."""
@@ -94,13 +92,13 @@ class AsyncSandbox:
     async def pause(self) -> SandboxInfo:
         """Freeze every process; files and memory stay. Any later request resumes it."""
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/pause")
-        self.info = SandboxInfo.model_validate(resp.json())
+        self.info = parse(SandboxInfo, resp)
         return self.info
 
     async def resume(self) -> SandboxInfo:
         """Thaw a paused sandbox."""
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/resume")
-        self.info = SandboxInfo.model_validate(resp.json())
+        self.info = parse(SandboxInfo, resp)
         return self.info
 
     async def pack_diff(self, tag: str, exclude: list[str] | None = None) -> ImageSummary:
@@ -108,35 +106,36 @@ class AsyncSandbox:
         body = validated(PackDiffRequest, tag=tag, exclude=exclude or []).model_dump()
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/pack_diff",
                                            json=body, timeout=None)
-        return ImageSummary.model_validate(resp.json())
+        return parse(ImageSummary, resp)
 
     async def set_network(self, allow: dict[str, bool]) -> NetworkStatus:
         """Change egress permissions while the sandbox runs (names from the node's config)."""
-        body = NetworkRequest(allow=allow).model_dump()
+        body = validated(NetworkRequest, allow=allow).model_dump()
         resp = await self._client._request("PUT", f"/v1/sandboxes/{self.id}/network", json=body)
-        return NetworkStatus.model_validate(resp.json())
+        return parse(NetworkStatus, resp)
 
     async def network(self) -> NetworkStatus:
         """Current permissions, and the packets and destinations refused so far."""
         resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/network")
-        return NetworkStatus.model_validate(resp.json())
+        return parse(NetworkStatus, resp)
 
     async def trajectory(self, offset: int = 0, limit: int = 1000) -> TrajectoryPage:
         """The sandbox's log of mutating calls and their results, from ``offset``."""
         resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/trajectory",
                                            params={"offset": offset, "limit": limit})
-        return TrajectoryPage.model_validate(resp.json())
+        return parse(TrajectoryPage, resp)
 
     async def audit(self) -> list[AuditRecord]:
         """Actions this sandbox was refused: network destinations, divergent replays."""
         resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/audit")
-        return AuditList.model_validate(resp.json()).records
+        return parse(AuditList, resp).records
 
     async def stop(self) -> None:
         """Stop the sandbox and remove everything it had."""
         await self._client._request("DELETE", f"/v1/sandboxes/{self.id}")
 
 
+@guarded
 class AsyncShell:
     """A persistent shell in a sandbox, from ``await sandbox.shell()``."""
 
@@ -153,108 +152,14 @@ class AsyncShell:
         resp = await self._client._request(
             "POST", f"/v1/sandboxes/{self.sandbox_id}/shells/{self.id}/run", json=body,
             timeout=None if timeout is None else timeout + 30)
-        return ExecResult.model_validate(resp.json())
+        return parse(ExecResult, resp)
 
     async def close(self) -> None:
         """End the shell process."""
         await self._client._request("DELETE", f"/v1/sandboxes/{self.sandbox_id}/shells/{self.id}")
 
 
-class AsyncFiles:
-    """Files of one sandbox; paths are resolved inside the sandbox's root."""
-
-    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
-        self._client = client
-        self._base = f"/v1/sandboxes/{sandbox_id}/files"
-
-    async def read(self, path: str) -> bytes:
-        """The whole file (use :meth:`download` for large files)."""
-        resp = await self._client._request("GET", self._base, params={"path": path})
-        return resp.content
-
-    async def write(self, path: str, data: bytes | str, mode: int = 0o644) -> FileInfo:
-        """Create or replace a file."""
-        if isinstance(data, str):
-            data = data.encode()
-        resp = await self._client._request("PUT", self._base,
-                                           params={"path": path, "mode": mode}, content=data)
-        return FileInfo.model_validate(resp.json())
-
-    async def upload(self, local: str | Path, path: str, mode: int = 0o644) -> FileInfo:
-        """Stream a local file into the sandbox without reading it into memory."""
-        async def chunks() -> AsyncIterator[bytes]:
-            with open(local, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    yield chunk
-        resp = await self._client._request("PUT", self._base, params={"path": path, "mode": mode},
-                                           content=chunks(), timeout=None)
-        return FileInfo.model_validate(resp.json())
-
-    async def download(self, path: str, local: str | Path) -> int:
-        """Stream a sandbox file to a local file; returns the bytes written."""
-        n = 0
-        async with self._client._http.stream("GET", self._base, params={"path": path},
-                                             timeout=None) as resp:
-            if resp.status_code >= 400:
-                await resp.aread()
-                raise error_from_wire(resp.json(), resp.status_code)
-            with open(local, "wb") as f:
-                async for chunk in resp.aiter_bytes(CHUNK):
-                    f.write(chunk)
-                    n += len(chunk)
-        return n
-
-    async def stat(self, path: str) -> FileInfo:
-        resp = await self._client._request("GET", f"{self._base}/stat", params={"path": path})
-        return FileInfo.model_validate(resp.json())
-
-    async def list(self, path: str = "/") -> list[FileInfo]:
-        resp = await self._client._request("GET", f"{self._base}/list", params={"path": path})
-        return FileList.model_validate(resp.json()).entries
-
-    async def mkdir(self, path: str, parents: bool = True) -> FileInfo:
-        resp = await self._client._request("POST", f"{self._base}/mkdir",
-                                           params={"path": path, "parents": parents})
-        return FileInfo.model_validate(resp.json())
-
-    async def remove(self, path: str, recursive: bool = False) -> None:
-        await self._client._request("DELETE", self._base,
-                                    params={"path": path, "recursive": recursive})
-
-    async def upload_dir(self, local_dir: str | Path, path: str) -> int:
-        """Copy a local directory's contents into ``path`` (as a tar); returns entries."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            tf.add(str(local_dir), arcname=".")
-        resp = await self._client._request("PUT", f"{self._base}/tar", params={"path": path},
-                                           content=buf.getvalue(), timeout=None)
-        return int(resp.json()["entries"])
-
-    async def download_dir(self, path: str, local_dir: str | Path) -> int:
-        """Copy a sandbox directory to ``local_dir``; returns the number of entries."""
-        dest = Path(local_dir)
-        dest.mkdir(parents=True, exist_ok=True)
-        data = await self.download_tar(path)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-            members = tf.getmembers()
-            tf.extractall(dest, filter="data")
-        return len(members)
-
-    async def download_tar(self, path: str) -> bytes:
-        """The tar stream of ``path`` as bytes."""
-        resp = await self._client._request("GET", f"{self._base}/tar", params={"path": path},
-                                           timeout=None)
-        return resp.content
-
-    async def upload_tar(self, data: bytes, path: str) -> int:
-        """Unpack a tar archive into ``path``; hostile entries are refused by name."""
-        resp = await self._client._request("PUT", f"{self._base}/tar", params={"path": path},
-                                           content=data, timeout=None)
-        return int(resp.json()["entries"])
-
-
-
-
+@guarded
 class AsyncInput:
     """Keyboard and mouse of a sandbox with a display (``backend="vm"``)."""
 

@@ -6,10 +6,9 @@ import asyncio
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from dsec.api.errors import Capacity, DSecError, InvalidArgument
-from dsec.api.models import (CreateManyRequest, ExecRequest, ExecResult, ImageSummary,
+from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
                              SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.cluster.http import load_to_wire
@@ -21,11 +20,6 @@ from dsec.placement.admission import NodeLoad
 __all__ = ["router", "CreateManyResponse"]
 
 router = APIRouter(prefix="/v1")
-
-
-class CreateManyResponse(BaseModel):
-    sandboxes: list[SandboxInfo]
-    errors: list[str]
 
 
 @router.post("/sandboxes", response_model=SandboxInfo, status_code=201)
