@@ -27,6 +27,7 @@ from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
 from dsec.node.pool import WarmPool
+from dsec.node.records import Records
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
 from dsec.placement.admission import NodeLoad, admit, fitting
@@ -53,7 +54,8 @@ class NodeService:
         self.node_id = node_id
         self.short = node_id.removeprefix("node-")
         self.network = NetworkManager(config.state_dir, self.short)
-        self.records: dict[str, SandboxRecord] = {}
+        self.records = Records()
+        self._gauges_at = 0.0
         self.shells: dict[str, ShellSession] = {}
         self._reaper: asyncio.Task | None = None
         self.pool = WarmPool(config.warm_pool)
@@ -209,18 +211,18 @@ class NodeService:
     def load(self) -> NodeLoad:
         """What this node holds now; fncalls in flight count as what they reserve. Also
         refreshes the node's sandbox gauge (the watcher asks every second)."""
-        recs = self.records.values()
-        states = dict.fromkeys(("running", "paused", "starting"), 0)
-        for r in recs:
-            states[r.state] = states.get(r.state, 0) + 1
-        for state, n in states.items():
-            metrics.SANDBOXES.labels(state).set(n)
+        recs = self.records
+        if (now := time.monotonic()) - self._gauges_at >= 1.0:  # O(sandboxes): once a second
+            self._gauges_at = now
+            states = dict.fromkeys(("running", "paused", "starting"), 0)
+            for r in recs.values():
+                states[r.state] = states.get(r.state, 0) + 1
+            for state, n in states.items():
+                metrics.SANDBOXES.labels(state).set(n)
         return NodeLoad(node_id=self.node_id, backends=tuple(self.backends),
-                        cpus=os.cpu_count() or 1, memory_mb=_host_memory_mb(),
-                        sandboxes=len(self.records),
-                        memory_reserved_mb=sum(r.spec.memory_mb for r in recs)
-                        + self._fncall_mb,
-                        cpu_reserved=sum(r.spec.cpu for r in recs) + 0.05 * self._fncalls)
+                        cpus=_CPUS, memory_mb=_HOST_MEMORY_MB, sandboxes=len(recs),
+                        memory_reserved_mb=recs.memory_mb + self._fncall_mb,
+                        cpu_reserved=recs.cpu + 0.05 * self._fncalls)
 
     async def node_info(self) -> NodeInfo:
         load = self.load()
@@ -302,7 +304,7 @@ class NodeService:
         try:
             async with self._start_sem:
                 rec.runtime = await self.backends[spec.backend].start(rec)
-                await self.network.attach(rec, list(self.records.values()))
+                await self.network.attach(rec, self.records.values())
             rec.state = "running"
             self.store.put(rec)  # inside: a sandbox not recorded is not left running
         except BaseException as exc:
@@ -336,7 +338,7 @@ class NodeService:
         self.records[rec.id] = rec
         try:
             await self.backends[spec.backend].apply_spec(rec)
-            await self.network.attach(rec, list(self.records.values()))
+            await self.network.attach(rec, self.records.values())
         except BaseException:
             self.records.pop(rec.id, None)
             await self.backends[spec.backend].stop(rec)
@@ -567,8 +569,8 @@ def _backend_of_dir(d: Path, backends: dict[str, Backend]) -> str:
     raise InvalidArgument(f"orphan {d.name} belongs to backend {name}, not enabled here")
 
 
-def _host_memory_mb() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+_CPUS = os.cpu_count() or 1
+_HOST_MEMORY_MB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
 
 
 def _same_request(key: str | None, request_id: str) -> bool:

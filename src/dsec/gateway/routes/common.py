@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from dsec.api.errors import NodeLost
 from dsec.cluster.base import Cluster
@@ -12,7 +14,7 @@ from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
 from dsec.gateway.watcher import Watcher
 
-__all__ = ["Gateway", "gateway_of", "client_for"]
+__all__ = ["Gateway", "gateway_of", "client_for", "model_response"]
 
 
 @dataclass
@@ -39,3 +41,11 @@ def client_for(request: Request, sb_id: str) -> NodeClient:
         raise NodeLost(f"node {client.node_id}, which holds {sb_id}, does not answer{why}; "
                        "its sandboxes are reachable again when it comes back")
     return client
+
+
+def model_response(model: BaseModel, status_code: int = 200) -> Response:
+    """``model`` as JSON bytes, serialised once. The hottest routes return this instead of
+    the model: FastAPI would validate the model again against the route's response_model
+    and encode it twice (the route keeps response_model for the OpenAPI schema)."""
+    return Response(type(model).__pydantic_serializer__.to_json(model),
+                    status_code=status_code, media_type="application/json")

@@ -13,7 +13,7 @@ from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest,
                              SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.cluster.http import load_to_wire
 from dsec.gateway import metrics
-from dsec.gateway.routes.common import client_for, gateway_of
+from dsec.gateway.routes.common import client_for, gateway_of, model_response
 from dsec.gateway.spread import create_batch, healthy_clients
 from dsec.placement.admission import NodeLoad
 
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1")
 
 
 @router.post("/sandboxes", response_model=SandboxInfo, status_code=201)
-async def create(request: Request, spec: SandboxSpec) -> SandboxInfo:
+async def create(request: Request, spec: SandboxSpec) -> Response:
     """Placed on the node placement picks; a node that refuses (its admission has the last
     word) is skipped and the next choice tried."""
     gw = gateway_of(request)
@@ -32,7 +32,7 @@ async def create(request: Request, spec: SandboxSpec) -> SandboxInfo:
         client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
                                   key=spec.request_id)
         try:
-            return await client.create(spec)
+            return model_response(await client.create(spec), 201)
         except Capacity:
             tried.append(client.node_id)
             metrics.RETRIES.labels("refused").inc()
@@ -74,8 +74,8 @@ async def list_sandboxes(request: Request, job: str | None = None,
 
 
 @router.get("/sandboxes/{sb_id}", response_model=SandboxInfo)
-async def get(request: Request, sb_id: str) -> SandboxInfo:
-    return await client_for(request, sb_id).get(sb_id)
+async def get(request: Request, sb_id: str) -> Response:
+    return model_response(await client_for(request, sb_id).get(sb_id))
 
 
 @router.delete("/sandboxes/{sb_id}", status_code=204)
@@ -84,18 +84,18 @@ async def stop(request: Request, sb_id: str) -> None:
 
 
 @router.post("/sandboxes/{sb_id}/pause", response_model=SandboxInfo)
-async def pause(request: Request, sb_id: str) -> SandboxInfo:
-    return await client_for(request, sb_id).pause(sb_id)
+async def pause(request: Request, sb_id: str) -> Response:
+    return model_response(await client_for(request, sb_id).pause(sb_id))
 
 
 @router.post("/sandboxes/{sb_id}/resume", response_model=SandboxInfo)
-async def resume(request: Request, sb_id: str) -> SandboxInfo:
-    return await client_for(request, sb_id).resume(sb_id)
+async def resume(request: Request, sb_id: str) -> Response:
+    return model_response(await client_for(request, sb_id).resume(sb_id))
 
 
 @router.post("/sandboxes/{sb_id}/exec", response_model=ExecResult)
 async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
-    return _result_response(await client_for(request, sb_id).exec(sb_id, req))
+    return model_response(await client_for(request, sb_id).exec(sb_id, req))
 
 
 @router.post("/sandboxes/{sb_id}/shells", response_model=ShellInfo, status_code=201)
@@ -106,14 +106,7 @@ async def shell_open(request: Request, sb_id: str) -> ShellInfo:
 @router.post("/sandboxes/{sb_id}/shells/{sh_id}/run", response_model=ExecResult)
 async def shell_run(request: Request, sb_id: str, sh_id: str,
                     req: ShellRunRequest) -> Response:
-    return _result_response(await client_for(request, sb_id).shell_run(sb_id, sh_id, req))
-
-
-def _result_response(result: ExecResult) -> Response:
-    # The hottest routes, and output of many MiB: serialised once, straight to bytes (no
-    # str copy to encode again), skipping FastAPI's re-validation of the model.
-    return Response(ExecResult.__pydantic_serializer__.to_json(result),
-                    media_type="application/json")
+    return model_response(await client_for(request, sb_id).shell_run(sb_id, sh_id, req))
 
 
 @router.delete("/sandboxes/{sb_id}/shells/{sh_id}", status_code=204)
