@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn)
 from rich.text import Text
 
 from dsec.cli.common import cli_errors, err, fail, mib, out, parse_pairs
@@ -328,3 +329,46 @@ def push(
     with err.status(f"pushing {ref} to {url}"):
         digest = svc.push(ref, tag)
     out.print(f"pushed {tag or ref} -> {digest}")
+
+
+@image_app.command()
+@on_node
+def pull(
+    ref: Annotated[str, typer.Argument(
+        help="registry image: 'host:port/repo:tag', 'repo@sha256:...', 'debian:12'")],
+    tag: Annotated[str | None, typer.Option(
+        "--tag", "-t", help="local tag; default REF itself")] = None,
+    insecure: Annotated[bool, typer.Option(
+        help="plain HTTP (only to a loopback or private address)")] = False,
+    username: Annotated[str | None, typer.Option(
+        envvar="DSEC_REGISTRY_USER", help="registry user; default: from ~/.docker/config.json")
+    ] = None,
+    password: Annotated[str | None, typer.Option(
+        envvar="DSEC_REGISTRY_PASSWORD", help="registry password or token")] = None,
+    authfile: Annotated[Path | None, typer.Option(
+        help="credentials file (Docker config.json format)")] = None,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Pull an image from an OCI registry: each layer fetched once, verified, made EROFS.
+
+    Layers this store already has are not fetched again.
+
+    Runs on the node machine, as root, against its local layer store."""
+    from dsec.images.registry import RegistryAuth
+
+    auth = RegistryAuth(username=username, password=password, insecure=insecure,
+                        auth_file=authfile)
+    svc = _service(state_dir)
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                        DownloadColumn(), TextColumn("{task.fields[state]}", markup=False),
+                        console=err, transient=False)
+    tasks: dict[str, int] = {}
+
+    def report(lid: str, state: str, done: int, total: int) -> None:
+        if lid not in tasks:
+            tasks[lid] = progress.add_task(lid, total=total or None, state=state)
+        progress.update(tasks[lid], completed=done, state=state)
+
+    with progress:
+        info = svc.pull_registry(ref, tag, auth, report)
+    _print_image(info)

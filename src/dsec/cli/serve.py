@@ -26,6 +26,11 @@ def serve(
         metavar="ADDRESS", help="be a gateway over a Ray cluster's nodes ('auto' ok)")] = None,
     images_remote: Annotated[str | None, typer.Option(
         metavar="URL", help="load layers on demand from this layer store")] = None,
+    registry_pull: Annotated[bool, typer.Option(
+        help="create(image='host/repo:tag') pulls an image the store lacks")] = False,
+    insecure_registry: Annotated[list[str] | None, typer.Option(
+        metavar="HOST", help="registry host:port reached over plain HTTP (loopback or "
+                             "private; repeatable)")] = None,
     guest_accel: Annotated[str, typer.Option(
         help="microvm/vm accelerator: auto (KVM if a probe guest boots), kvm or tcg")] = "auto",
     guest_warm_start: Annotated[bool, typer.Option(
@@ -40,7 +45,7 @@ def serve(
                     "this size (default 1024)")] = None,
 ) -> None:
     """Run the dsec server on this machine until interrupted."""
-    from dsec.gateway.server import guest_options, trajectory_options
+    from dsec.gateway.server import guest_options, registry_options, trajectory_options
     from dsec.gateway.server import serve as run_server  # the server stack loads only here
     if guest_accel not in ("auto", "kvm", "tcg"):
         raise typer.BadParameter("takes auto, kvm or tcg", param_hint="--guest-accel")
@@ -53,7 +58,8 @@ def serve(
         run_server(state_dir, host=host, port=port, backends=backend,
                    warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote,
                    guests=guest_options(guest_accel, guest_warm_start, guest_pause_to_disk),
-                   trajectory=trajectory_options(trajectory_keep_s, trajectory_max_mb))
+                   trajectory=trajectory_options(trajectory_keep_s, trajectory_max_mb),
+                   registry=registry_options(registry_pull, insecure_registry))
     except KeyboardInterrupt:
         pass
 

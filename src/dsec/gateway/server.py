@@ -105,7 +105,7 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
           backends: list[str] | None = None, warm_pool: dict[str, int] | None = None,
           ray_address: str | None = None, images_remote: str | None = None,
           guests: dict | None = None, trajectory: dict | None = None,
-          node_urls: list[str] | None = None) -> None:
+          node_urls: list[str] | None = None, registry: dict | None = None) -> None:
     """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster;
     with ``node_urls``, a gateway over the node agents' APIs at those URLs)."""
     if ray_address is not None or node_urls:
@@ -121,6 +121,9 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         from dsec.images.sources import RemoteConfig
         kwargs["images_remote"] = RemoteConfig(url=images_remote,
                                                token=os.environ.get("DSEC_IMAGES_TOKEN"))
+    if registry:
+        from dsec.images.registry import RegistryPolicy
+        kwargs["registry"] = RegistryPolicy(**registry)
     if state_dir is not None:
         kwargs["state_dir"] = state_dir
     if backends:
@@ -151,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--images-remote", default=None, metavar="URL",
                    help="load image layers on demand from this layer store "
                         "(token in DSEC_IMAGES_TOKEN)")
+    p.add_argument("--registry-pull", action="store_true",
+                   help="create(image='host/repo:tag') pulls an image the store lacks")
+    p.add_argument("--insecure-registry", action="append", default=[], metavar="HOST",
+                   help="reach this registry host:port over plain HTTP (loopback/private)")
     p.add_argument("--warm-pool", action="append", default=[], metavar="IMAGE=N",
                    help="keep N started sandboxes of IMAGE ready for create()")
     p.add_argument("--guest-accel", choices=["auto", "kvm", "tcg"], default="auto",
@@ -174,7 +181,13 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--ray and --node are two ways to find nodes; give one")
     serve(a.state_dir, a.host, a.port, a.backend, pool, a.ray, a.images_remote,
           guest_options(a.guest_accel, a.guest_warm_start, a.guest_pause_to_disk),
-          trajectory_options(a.trajectory_keep_s, a.trajectory_max_mb), a.node)
+          trajectory_options(a.trajectory_keep_s, a.trajectory_max_mb), a.node,
+          registry_options(a.registry_pull, a.insecure_registry))
+
+
+def registry_options(pull: bool, insecure: list[str] | None) -> dict:
+    """The RegistryPolicy fields the serve flags set."""
+    return {"pull_on_first_use": pull, "insecure": list(insecure or [])}
 
 
 def trajectory_options(keep_s: float | None, max_mb: float | None) -> dict:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from dataclasses import dataclass
 
 from dsec.api.errors import InvalidArgument
 
-__all__ = ["normalize_ref", "is_digest", "check_digest", "digest_hex", "layer_id", "tag_filename"]
+__all__ = ["normalize_ref", "is_digest", "check_digest", "digest_hex", "layer_id", "tag_filename",
+           "RegistryRef", "parse_registry_ref", "has_registry_host"]
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_NAME = re.compile(r"[a-z0-9][a-z0-9._\-/]{0,199}")
+# An optional registry host[:port]/ prefix, then the repository path.
+_HOST = r"(?:[a-z0-9][a-z0-9.\-]*(?::[0-9]{1,5})?/)"
+_NAME = re.compile(_HOST + r"?[a-z0-9][a-z0-9._\-/]{0,199}")
+DOCKER_HUB = "registry-1.docker.io"
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
 
@@ -39,6 +44,8 @@ def layer_id(digest: str) -> str:
 def normalize_ref(ref: str) -> str:
     """'busybox' -> 'busybox:latest'; 'a/b:v1' unchanged; digests unchanged.
 
+    A name may start with a registry host and port: '127.0.0.1:5000/team/env:v3'.
+
     Raises InvalidArgument for a name or tag with characters outside the allowed sets.
     """
     if is_digest(ref):
@@ -57,3 +64,58 @@ def normalize_ref(ref: str) -> str:
 def tag_filename(ref: str) -> str:
     """The file name a normalized tag is stored under (one flat directory)."""
     return urllib.parse.quote(ref, safe="") + ".json"
+
+
+@dataclass(frozen=True)
+class RegistryRef:
+    """A reference to an image in an OCI distribution registry."""
+
+    registry: str
+    """Host[:port] to talk to ('registry-1.docker.io' for Docker Hub names)."""
+    repository: str
+    """Repository path ('library/busybox', 'team/env')."""
+    reference: str
+    """Tag or 'sha256:...' digest to fetch."""
+    local: str
+    """The name:tag the image gets in the local store."""
+
+    @property
+    def by_digest(self) -> bool:
+        """True if the reference pins a manifest digest."""
+        return is_digest(self.reference)
+
+
+def has_registry_host(ref: str) -> bool:
+    """True if the first path component of ``ref`` names a registry host.
+
+    Docker's rule: a component with a '.' or ':' or exactly 'localhost' is a host.
+    """
+    first, sep, _ = ref.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def parse_registry_ref(ref: str) -> RegistryRef:
+    """Split 'host:port/repo:tag', 'repo@sha256:...' or 'busybox' into its parts.
+
+    Names without a host are Docker Hub's ('busybox' -> library/busybox). Pure; raises
+    InvalidArgument for names :func:`normalize_ref` refuses.
+    """
+    name, at, digest = ref.partition("@")
+    if at:
+        check_digest(digest)
+        tagged = ":" in name.rsplit("/", 1)[-1]
+        local = normalize_ref(name if tagged else f"{name}:sha256-{digest_hex(digest)[:12]}")
+    else:
+        local = normalize_ref(name)
+        if is_digest(local):
+            raise InvalidArgument(f"{ref!r} is a bare digest; name the repository "
+                                  f"('repo@sha256:...')")
+    path, tag = local.rsplit(":", 1)
+    if has_registry_host(path):
+        registry, repository = path.split("/", 1)
+    else:
+        registry, repository = DOCKER_HUB, path if "/" in path else "library/" + path
+    if registry in ("docker.io", "index.docker.io"):
+        registry = DOCKER_HUB
+    return RegistryRef(registry=registry, repository=repository,
+                       reference=digest if at else tag, local=local)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import pathlib
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dsec.api.errors import NotFound
 from dsec.images import authoring, erofs, importer
@@ -16,10 +18,14 @@ from dsec.images.gc import GcPlan, plan_gc, plan_remove
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
-from dsec.images.refs import check_digest, is_digest, normalize_ref
+from dsec.images.refs import check_digest, has_registry_host, is_digest, normalize_ref
+from dsec.images.registry import RegistryAuth, RegistryPolicy
 from dsec.images.sources import LayerSources, RemoteConfig
 from dsec.images.store import LocalStore, hash_blob, table_digest
 from dsec.images.tarsafe import TarLimits
+
+if TYPE_CHECKING:
+    from dsec.images.pull import Progress
 
 __all__ = ["ImageService"]
 
@@ -35,10 +41,14 @@ class ImageService:
     """Layer blobs, manifests, tags and layer mounts, all under ``state_dir/"images"``."""
 
     def __init__(self, state_dir: pathlib.Path, limits: TarLimits | None = None,
-                 remote: RemoteConfig | str | None = None) -> None:
+                 remote: RemoteConfig | str | None = None,
+                 registry: RegistryPolicy | None = None) -> None:
         """``limits``: policy for untrusted tars. ``remote``: a remote layer store (URL or
-        RemoteConfig) to take manifests and layers from when they are not local."""
+        RemoteConfig) to take manifests and layers from when they are not local.
+        ``registry``: whether and how an unknown 'host/repo:tag' is pulled on first use."""
         self.limits = limits or TarLimits()
+        self.registry = registry or RegistryPolicy()
+        self._pull_locks: dict[str, threading.Lock] = {}
         self.root = pathlib.Path(state_dir) / "images"
         self.store = LocalStore(self.root)
         self.lock = StoreLock(self.root / ".lock")
@@ -66,6 +76,8 @@ class ImageService:
         digest = self.store.get_tag(normalize_ref(ref))
         if digest is None and self.sources.remote is not None:
             digest = self.pull(ref)
+        if digest is None and self.registry.pull_on_first_use and has_registry_host(ref):
+            digest = self._pull_once(ref)
         if digest is None:
             known = list(self.store.tags())
             shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
@@ -84,6 +96,26 @@ class ImageService:
             raise NotFound(f"image {ref!r}: no remote layer store is configured")
         self.store.set_tag(ref, digest)
         return digest
+
+    def pull_registry(self, ref: str, tag: str | None = None, auth: RegistryAuth | None = None,
+                      progress: Progress | None = None) -> ImageInfo:
+        """Pull ``ref`` from an OCI distribution registry (see :mod:`dsec.images.pull`)."""
+        from dsec.images.pull import pull_image
+
+        return pull_image(self, ref, tag, auth, progress)
+
+    def _pull_once(self, ref: str) -> str:
+        """Pull on first use; concurrent creates of one image wait for one pull."""
+        name = normalize_ref(ref)
+        lock = self._pull_locks.setdefault(name, threading.Lock())  # atomic under the GIL
+        with lock:
+            digest = self.store.get_tag(name)
+            if digest is None:
+                host = ref.split("/", 1)[0]
+                auth = RegistryAuth(insecure=host in self.registry.insecure,
+                                    auth_file=self.registry.auth_file)
+                digest = self.pull_registry(ref, auth=auth).manifest_digest
+            return digest
 
     def push(self, ref: str, tag: str | None = None) -> str:
         """Upload image ``ref`` to the remote store, tagged ``tag`` (default: ``ref``).

@@ -5,7 +5,10 @@ Tar layers come from users; each entry is checked before anything is written:
 - ``..`` components, absolute paths, entries reached through a symlink: rejected.
 - hard links whose target is not an earlier entry of the same tar: rejected.
 - symlinks whose *relative* target climbs above the layer root: rejected (absolute targets
-  are normal in a rootfs and are only ever resolved inside the sandbox's root).
+  are normal in a rootfs and are only ever resolved inside the sandbox's root), also when
+  it climbs out only through other symlinks of the layer (``a/up -> ..`` then
+  ``a/out -> up/../../etc``): checked once the whole layer is extracted, so the order of
+  the entries does not matter.
 - device nodes: rejected. setuid/setgid bits: cleared unless ``keep_setuid``.
 - more than ``max_bytes`` of file data or ``max_entries`` entries: rejected (tar bombs).
 
@@ -87,6 +90,7 @@ class _Extractor:
         self.total = self.entries = 0
         self.seen: set[str] = set()
         self.dirs: list[tuple[pathlib.Path, tarfile.TarInfo]] = []
+        self.links: list[tuple[str, str]] = []  # (rel path, entry name) of relative symlinks
 
     def entry(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         self.entries += 1
@@ -129,6 +133,8 @@ class _Extractor:
         if m.issym():
             self._check_symlink(m, rel)
             os.symlink(m.linkname, dest)
+            if not m.linkname.startswith("/"):
+                self.links.append((rel, m.name))
             os.lchown(dest, m.uid, m.gid)
             return
         if m.islnk():
@@ -188,8 +194,48 @@ class _Extractor:
         os.utime(dest, (m.mtime, m.mtime))
 
     def finish(self) -> None:
+        for rel, name in self.links:
+            if _escapes(self.root, rel):
+                raise InvalidArgument(
+                    f"tar entry {name!r}: symlink to {os.readlink(self.root / rel)!r} leads "
+                    f"outside the layer through other symlinks of the layer")
         for dest, m in reversed(self.dirs):
             self._meta(dest, m)
+
+
+def _escapes(root: pathlib.Path, rel: str, max_hops: int = 40) -> bool:
+    """True if following symlink ``rel`` inside ``root`` climbs above ``root``.
+
+    An absolute target ends the walk: it is resolved inside the sandbox's root only.
+    """
+    cur: list[str] = []
+    parts = posixpath.dirname(rel).split("/") + [".", posixpath.basename(rel)]
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not cur:
+                return True
+            cur.pop()
+            continue
+        cur.append(part)
+        path = root.joinpath(*cur)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # beyond what the layer has: resolved lexically
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            target = os.readlink(path)
+            if hops > max_hops:
+                return False  # a loop: the kernel gives up too (ELOOP), nothing escapes
+            if target.startswith("/"):
+                return False
+            cur.pop()
+            parts[:0] = target.split("/")
+    return False
 
 
 def extract_layer(fileobj: IO[bytes], root: pathlib.Path, limits: TarLimits | None = None) -> None:

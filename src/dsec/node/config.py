@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.limits import RequestLimits
+from dsec.images.registry import RegistryPolicy
 from dsec.images.sources import RemoteConfig
 from dsec.node.backends.config import ContainerBackendConfig, FncallConfig
 from dsec.node.backends.microvm.config import MicroVMConfig
@@ -39,6 +40,10 @@ class NodeConfig(BaseModel):
     images_remote: RemoteConfig | None = Field(
         None, description="a remote layer store (e.g. another dsec server's /v1/blobs) that "
                           "this node loads layers from on demand")
+    registry: RegistryPolicy = Field(
+        default_factory=RegistryPolicy,
+        description="pulling images named by a registry reference ('host:port/repo:tag') "
+                    "on first use, and which registries are plain HTTP")
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     trajectory: TrajectoryRetention = Field(
         default_factory=TrajectoryRetention,

@@ -12,7 +12,8 @@ __all__ = ["make_backends"]
 
 def make_backends(config: NodeConfig) -> dict[str, Backend]:
     from dsec.images import ImageService
-    images = ImageService(config.state_dir, remote=config.images_remote)
+    images = ImageService(config.state_dir, remote=config.images_remote,
+                          registry=config.registry)
     images.ensure_busybox()
     agent = ensure_agent(config.state_dir / "bin")
     out: dict[str, Backend] = {}
