@@ -66,7 +66,7 @@ class Placer:
             raise Capacity(refusal(loads, backend, memory_mb, cpu, count, self.policy,
                                    exclude=exclude))
         self.watcher.pending.add(chosen.node_id, count, self.watcher.clock())
-        return self._clients()[chosen.node_id]
+        return self.watcher.client(chosen.node_id) or self._clients()[chosen.node_id]
 
     def split(self, backend: str, memory_mb: int, cpu: float, count: int,
               exclude: Iterable[str] = ()) -> tuple[list[tuple[NodeClient, int]], int]:

@@ -61,19 +61,24 @@ class Pending:
     refreshes would all go to the node that looked emptiest."""
 
     placed: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)  # per node, kept as they change
 
     def add(self, node_id: str, count: int, at: float) -> None:
         self.placed.setdefault(node_id, []).append((at, count))
+        self.totals[node_id] = self.totals.get(node_id, 0) + count
 
     def seen(self, node_id: str, snapshot_started: float) -> None:
         kept = [(t, n) for t, n in self.placed.get(node_id, []) if t >= snapshot_started]
         if kept:
             self.placed[node_id] = kept
+            self.totals[node_id] = sum(n for _, n in kept)
         else:
             self.placed.pop(node_id, None)
+            self.totals.pop(node_id, None)
 
     def counts(self) -> dict[str, int]:
-        return {k: sum(n for _, n in v) for k, v in self.placed.items()}
+        """Placements not yet seen, per node (the live mapping: read, do not change)."""
+        return self.totals
 
 
 class Watcher:
@@ -90,6 +95,8 @@ class Watcher:
         self.views: dict[str, NodeView] = {}
         self._clients: dict[str, NodeClient] = {}
         self.pending = Pending()
+        self._healthy: list[NodeView] | None = None  # healthy views, until _healthy_until
+        self._healthy_until = 0.0
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
 
@@ -101,14 +108,23 @@ class Watcher:
 
     def loads(self) -> list[NodeLoad]:
         """Loads of the healthy nodes, as last seen (a node in this process: as it is now,
-        since reading it costs no I/O)."""
+        since reading it costs no I/O). The healthy set is worked out once per change of
+        the views, not per placement."""
+        now = self.clock()
+        if self._healthy is None or now > self._healthy_until:
+            self._healthy = [v for v in self.views.values() if health(
+                v, now, self.stale_after_s, self.max_failures)]
+            self._healthy_until = min((v.seen_at + self.stale_after_s for v in self._healthy
+                                       if not v.in_process), default=float("inf"))
         out = []
-        for v in self.views.values():
-            if not self.healthy(v.node_id):
-                continue
-            now = getattr(self._clients.get(v.node_id), "load_now", None)
-            out.append(now() if v.in_process and now is not None else v.load)
+        for v in self._healthy:
+            live = getattr(self._clients.get(v.node_id), "load_now", None)
+            out.append(live() if v.in_process and live is not None else v.load)
         return out
+
+    def client(self, node_id: str) -> NodeClient | None:
+        """The client of a node this watcher knows."""
+        return self._clients.get(node_id)
 
     def down(self) -> list[str]:
         """Node ids that are known but unhealthy now."""
@@ -131,12 +147,16 @@ class Watcher:
                 pass
             self._task = None
 
+    def _put(self, view: NodeView) -> None:
+        self.views[view.node_id] = view
+        self._healthy = None
+
     def report_failure(self, node_id: str, error: str) -> None:
         """A request to the node failed: count it and refresh now, not at the next tick."""
         view = self.views.get(node_id)
         if view is not None:
             was = self.healthy(node_id)
-            self.views[node_id] = replace(view, failures=view.failures + 1, error=error)
+            self._put(replace(view, failures=view.failures + 1, error=error))
             if (client := self._clients.get(node_id)) is not None:
                 self._changed(client, was)
         self._wake.set()
@@ -146,6 +166,7 @@ class Watcher:
         self._clients = {c.node_id: c for c in clients}
         for gone in set(self.views) - set(self._clients):
             self.views.pop(gone, None)
+            self._healthy = None
         await asyncio.gather(*(self._refresh_one(c) for c in clients))
 
     async def _refresh_one(self, client: NodeClient) -> None:
@@ -185,21 +206,19 @@ class Watcher:
                 # its share of a large batch). Marking it would send its share of every
                 # placement to the others; its last load plus this gateway's pending
                 # placements stand in until a probe comes back.
-                self.views[client.node_id] = replace(view, seen_at=started,
-                                                     error=f"busy: {why}")
+                self._put(replace(view, seen_at=started, error=f"busy: {why}"))
                 return
             if view.failures == 0:
                 log.warning("node %s did not answer: %s", client.node_id, why)
-            self.views[client.node_id] = replace(view, failures=view.failures + 1, error=why)
+            self._put(replace(view, failures=view.failures + 1, error=why))
             return
         if not isinstance(load, NodeLoad) or load.node_id != client.node_id:
-            self.views[client.node_id] = replace(
-                view, failures=self.max_failures, error="answered with another node's load")
+            self._put(replace(
+                view, failures=self.max_failures, error="answered with another node's load"))
             return
         if view.failures:
             log.info("node %s answers again", client.node_id)
-        self.views[client.node_id] = replace(view, load=load, seen_at=started, failures=0,
-                                             error=None)
+        self._put(replace(view, load=load, seen_at=started, failures=0, error=None))
         self.pending.seen(client.node_id, started)
 
     async def _loop(self) -> None:

@@ -27,15 +27,25 @@ def choose_node(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: fl
                 rng: random.Random | None = None,
                 policy: AdmissionPolicy = AdmissionPolicy(),
                 exclude: frozenset[str] = frozenset()) -> NodeLoad | None:
-    """The chosen node, or None when no node can take the sandbox."""
+    """The chosen node, or None when no node can take the sandbox.
+
+    ``k`` nodes are drawn first and only they are asked whether they admit it: the cost
+    of a choice does not grow with the cluster (a filter over 160 nodes per create was
+    most of placement's time). Only when none of the drawn nodes can take it are all the
+    nodes filtered, and ``k`` drawn from those that can."""
     recent = recent or {}
     rng = rng or random.Random()
-    fits = [n for n in loads if n.node_id not in exclude
-            and admit(n, backend, memory_mb, cpu, policy) is None]
-    if not fits:
-        return None
-    sample = rng.sample(fits, min(k, len(fits)))
-    return min(sample, key=lambda n: score(n, recent.get(n.node_id, 0)))
+
+    def fits(n: NodeLoad) -> bool:
+        return n.node_id not in exclude and admit(n, backend, memory_mb, cpu, policy) is None
+
+    drawn = [n for n in rng.sample(loads, min(k, len(loads))) if fits(n)] if loads else []
+    if not drawn:
+        able = [n for n in loads if fits(n)]
+        if not able:
+            return None
+        drawn = rng.sample(able, min(k, len(able)))
+    return min(drawn, key=lambda n: score(n, recent.get(n.node_id, 0)))
 
 
 def refusal(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
