@@ -51,3 +51,14 @@ def test_pull_without_insecure_speaks_https_and_says_so(image, registry):
     r = image("pull", registry.ref("team/env:v3"))
     assert r.returncode != 0
     assert registry.host in r.stderr and "Traceback" not in r.stderr
+
+
+def test_push_to_a_registry_then_pull_into_another_store(image, registry, tmp_path):
+    ref = registry.ref("team/env:v3")
+    assert image("pull", ref, "--insecure").returncode == 0
+    r = image("push", ref, registry.ref("copies/env:v1"), "--insecure")
+    assert r.returncode == 0, r.stderr
+    assert f"pushed {registry.ref('copies/env:v1')} -> sha256:" in r.stdout
+    out = tmp_path / "layout"
+    r = image("export", ref, str(out))
+    assert r.returncode == 0 and (out / "index.json").is_file(), r.stderr

@@ -307,28 +307,75 @@ def overlay_layers(mounts: str, mnt_dir: Path) -> set[str]:
 @on_node
 def push(
     ref: Annotated[str, typer.Argument(help="tag or manifest digest to push")],
+    dest: Annotated[str | None, typer.Argument(
+        help="registry reference 'host:port/repo:tag' to push to as an OCI image; "
+             "default: REF itself if it names a registry host")] = None,
     to: Annotated[str | None, typer.Option(
-        metavar="URL", help="remote layer store (a dsec gateway); default $DSEC_URL")] = None,
+        metavar="URL", help="remote dsec layer store (a dsec gateway); default $DSEC_URL")
+    ] = None,
     tag: Annotated[str | None, typer.Option(
-        "--tag", "-t", help="tag it gets there; default REF")] = None,
+        "--tag", "-t", help="dsec store only: tag it gets there; default REF")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="DSEC_TOKEN", show_envvar=True, help="bearer token of the remote store")
     ] = None,
+    insecure: Annotated[bool, typer.Option(
+        help="registry over plain HTTP (only to a loopback or private address)")] = False,
+    username: Annotated[str | None, typer.Option(
+        envvar="DSEC_REGISTRY_USER", help="registry user; default: from ~/.docker/config.json")
+    ] = None,
+    password: Annotated[str | None, typer.Option(
+        envvar="DSEC_REGISTRY_PASSWORD", help="registry password or token")] = None,
+    authfile: Annotated[Path | None, typer.Option(
+        help="credentials file (Docker config.json format)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
-    """Upload an image to a remote layer store; layers it already has are skipped.
+    """Upload an image: to an OCI registry as an ordinary image (DEST or a REF with a
+    registry host), or to a remote dsec layer store (--to). Blobs already there are skipped.
 
     Runs on the node machine, as root, against its local layer store."""
-    url = to or os.environ.get("DSEC_URL")
-    if not url:
-        fail("push needs a remote layer store: pass --to URL or set DSEC_URL")
+    from dsec.images.refs import has_registry_host
+
     local = _service(state_dir)
     _ensure_builtin(local, [ref])
     local.manifest_digest(ref)  # a local image: never pull it while pushing
+    target = dest or (ref if has_registry_host(ref) and to is None else None)
+    if target is not None:
+        from dsec.images.registry import RegistryAuth
+
+        auth = RegistryAuth(username=username, password=password, insecure=insecure,
+                            auth_file=authfile)
+        with err.status(f"pushing {ref} to {target}"):
+            digest = local.push_registry(ref, target, auth)
+        out.print(f"pushed {target} -> {digest}")
+        return
+    url = to or os.environ.get("DSEC_URL")
+    if not url:
+        fail("push needs a destination: a registry reference 'host:port/repo:tag', "
+             "--to URL of a dsec layer store, or DSEC_URL")
     svc = _service(state_dir, remote=url, token=token)
     with err.status(f"pushing {ref} to {url}"):
         digest = svc.push(ref, tag)
     out.print(f"pushed {tag or ref} -> {digest}")
+
+
+@image_app.command("export")
+@on_node
+def export(
+    ref: Annotated[str, typer.Argument(help="tag or manifest digest to export")],
+    output: Annotated[Path, typer.Argument(help="OCI image layout directory to write")],
+    uncompressed: Annotated[bool, typer.Option(help="plain layer tars, not gzip")] = False,
+    state_dir: StateDir = DEFAULT_STATE_DIR,
+) -> None:
+    """Write an image as an OCI image layout (what skopeo, podman and buildah read).
+
+    Runs on the node machine, as root, against its local layer store."""
+    if output.exists() and any(output.iterdir()):
+        fail(f"{output} is not empty; export writes a new OCI layout")
+    svc = _service(state_dir)
+    _ensure_builtin(svc, [ref])
+    with err.status(f"exporting {ref} to {output}"):
+        m = svc.export_oci(ref, output, compress=not uncompressed)
+    out.print(f"exported {ref} -> {output} ({len(m['layers'])} layers)")
 
 
 @image_app.command()

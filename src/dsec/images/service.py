@@ -104,6 +104,20 @@ class ImageService:
 
         return pull_image(self, ref, tag, auth, progress)
 
+    def push_registry(self, ref: str, dest: str, auth: RegistryAuth | None = None,
+                      progress: Progress | None = None) -> str:
+        """Push image ``ref`` to a registry as an ordinary OCI image (gzip layer tars);
+        returns the manifest digest there. See :mod:`dsec.images.export`."""
+        from dsec.images.export import push_oci
+
+        return push_oci(self, ref, dest, auth, progress)
+
+    def export_oci(self, ref: str, layout: pathlib.Path, compress: bool = True) -> dict:
+        """Write image ``ref`` as an OCI image layout directory; returns its manifest."""
+        from dsec.images.export import export_layout
+
+        return export_layout(self, ref, pathlib.Path(layout), compress=compress)
+
     def _pull_once(self, ref: str) -> str:
         """Pull on first use; concurrent creates of one image wait for one pull."""
         name = normalize_ref(ref)
