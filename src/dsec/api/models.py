@@ -47,6 +47,7 @@ __all__ = [
 Backend = Literal["container", "microvm", "vm", "fncall"]
 SandboxState = Literal["starting", "running", "paused", "stopped", "failed"]
 MAX_OUTPUT_DEFAULT = 1 << 20
+MAX_PROTECTED = 64  # the agent's own bound (protect.h MAX_PROTECT)
 
 
 def validated(cls, /, **fields):
@@ -127,6 +128,17 @@ class SandboxSpec(_Request):
         None, min_length=1, max_length=128,
         description="idempotency key: a create retried with the same request_id returns the "
                     "sandbox the first attempt made instead of making another")
+    protected_paths: list[str] = Field(
+        default_factory=list, max_length=MAX_PROTECTED,
+        description="absolute paths (and everything under them) that commands may neither "
+                    "read nor write, root included (Landlock); only an exec with "
+                    "grading=True reaches them. The directories on the way to them can be "
+                    "walked through but not listed or changed")
+
+    @field_validator("protected_paths")
+    @classmethod
+    def _protected(cls, v: list[str]) -> list[str]:
+        return [check_protected_path(p) for p in v]
 
     @field_validator("labels")
     @classmethod
@@ -152,6 +164,23 @@ class SandboxSpec(_Request):
         if not 16 <= v <= 65536:
             raise ValueError(f"memory_mb must be between 16 and 65536; got {v}")
         return v
+
+
+def check_protected_path(path: str) -> str:
+    """A protected path as the agent takes it: absolute, normalised, not ``/`` nor dsec's."""
+    check_path(path, "protected_paths")
+    if not path.startswith("/") or "\x00" in path:
+        raise ValueError(f"protected_paths entries must be absolute paths; got {path!r}")
+    parts = [p for p in path.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"protected_paths entries must not contain '.' or '..'; got {path!r}")
+    if not parts:
+        raise ValueError("protected_paths cannot hold '/': nothing could run; name the "
+                         "directories to protect")
+    if parts[0] in ("proc", "sys", "dev", ".dsec"):
+        raise ValueError(f"protected_paths cannot be under /{parts[0]} (the sandbox's own "
+                         f"system files); got {path!r}")
+    return "/" + "/".join(parts)
 
 
 class CreateManyRequest(_Request):
@@ -187,6 +216,7 @@ class SandboxInfo(BaseModel):
     expires_at: float | None = None
     last_active_at: float
     error: str | None = None
+    protected_paths: list[str] = []
     memory_used_mb: float | None = Field(
         None, description="host memory the sandbox holds now (a container's cgroup usage; a "
                           "guest's QEMU Pss, pages KSM merged counted shared); set by get, "
@@ -233,6 +263,8 @@ class ExecRequest(_Request):
                             description="cap per stream in bytes; the rest is dropped")
     background: bool = Field(False, description="start and return at once; output discarded")
     step: str | None = Field(None, max_length=256, description="trajectory step key")
+    grading: bool = Field(False, description="run as the grading step: the sandbox's "
+                                             "protected_paths are readable and writable")
 
     @field_validator("cmd")
     @classmethod

@@ -90,7 +90,8 @@ def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> Spawn
     uid, gid = resolve_user(lambda: backend.files(rec),
                             req.user or rec.runtime.get("image_user", "root"))
     cwd = req.cwd or rec.runtime.get("image_cwd") or "/"
-    spawn = SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background)
+    spawn = SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background,
+                         protect=[] if req.grading else list(rec.spec.protected_paths))
     check_spawn(spawn)
     return spawn
 

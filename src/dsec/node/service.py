@@ -33,6 +33,7 @@ from dsec.node.store import NodeStore
 from dsec.placement.admission import NodeLoad, admit, fitting
 from dsec.node.host.netpolicy import NetworkManager
 from dsec.node.network import keep_network_audit
+from dsec.node.protection import check_protection
 from dsec.rl.jobs import reap_leases
 from dsec.trajectory.recorder import Recorder, recorded, recorded_stream
 
@@ -181,7 +182,7 @@ class NodeService:
         return SandboxInfo(id=rec.id, node=self.node_id, backend=s.backend, image=s.image,
                            layers=s.layers, state=rec.state, cpu=s.cpu, memory_mb=s.memory_mb,
                            disk_mb=s.disk_mb, job=s.job, labels=s.labels,
-                           request_id=s.request_id,
+                           request_id=s.request_id, protected_paths=s.protected_paths,
                            created_at=rec.created_at, expires_at=rec.expires_at,
                            last_active_at=rec.last_active_at, error=rec.error)
 
@@ -237,6 +238,8 @@ class NodeService:
                               f"available: {sorted(self.backends)}")
         if spec.network != "none":
             self.network.check(spec.network)
+        if spec.protected_paths:
+            check_protection(self.backends[spec.backend], spec.backend)
         now = time.time()
         return SandboxRecord(id=f"sb-{self.short}-{secrets.token_hex(6)}", spec=spec,
                              state="starting", created_at=now, last_active_at=now,
@@ -432,7 +435,8 @@ class NodeService:
     async def shell_open(self, sb_id: str) -> ShellInfo:
         backend, rec = await self._active(sb_id)
         spawn = SpawnRequest(argv=["/bin/sh"], env=_shell_env(rec),
-                             cwd=rec.runtime.get("image_cwd") or "/")
+                             cwd=rec.runtime.get("image_cwd") or "/",
+                             protect=list(rec.spec.protected_paths))
         try:
             proc = await AgentProcess.start(backend.connector(rec), spawn)
         except AgentGone as exc:
@@ -462,7 +466,7 @@ class NodeService:
         backend, rec = await self._active(sb_id)
         spawn = SpawnRequest(argv=cmd or ["/bin/sh", "-i"], env=_shell_env(rec),
                              cwd=rec.runtime.get("image_cwd") or "/", pty=True,
-                             rows=rows, cols=cols)
+                             rows=rows, cols=cols, protect=list(rec.spec.protected_paths))
         try:
             return await AgentProcess.start(backend.connector(rec), spawn)
         except AgentGone as exc:

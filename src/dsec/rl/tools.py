@@ -72,6 +72,8 @@ class AsyncToolAdapter:
                 r = await self.sandbox.exec(args["command"], timeout=self.timeout,
                                             step=self._step())
                 return format_result(r)
+            if self.sandbox.info.protected_paths and name in ("read_file", "write_file"):
+                return await self._confined_file(name, args)
             if name == "read_file":
                 return (await self.sandbox.files.read(args["path"])).decode(errors="replace")
             if name == "write_file":
@@ -83,6 +85,21 @@ class AsyncToolAdapter:
         except DSecError as exc:
             return f"[error] {type(exc).__name__}: {exc.message}"
         return f"[error] unknown tool {name!r}; tools: {[t['name'] for t in TOOLS]}"
+
+
+    async def _confined_file(self, name: str, args: dict[str, Any]) -> str:
+        """A file tool as a command in the sandbox: the files API is the caller's own
+        channel and reaches protected paths; the model's reads and writes must not."""
+        path = args["path"]
+        if name == "read_file":
+            r = await self.sandbox.exec(["cat", "--", path], timeout=self.timeout)
+            return r.stdout if r.exit_code == 0 else f"[error] {r.stderr.strip()}"
+        r = await self.sandbox.exec(["sh", "-c", 'cat > "$1"', "sh", path],
+                                    stdin=args["content"], timeout=self.timeout,
+                                    step=self._step())
+        if r.exit_code != 0:
+            return f"[error] {r.stderr.strip()}"
+        return f"wrote {len(args['content'])} characters to {path}"
 
 
 class ToolAdapter:

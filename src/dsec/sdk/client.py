@@ -102,9 +102,12 @@ class AsyncClient:
                      network: str | dict[str, bool] = "none", job: str | None = None,
                      labels: dict[str, str] | None = None,
                      env: dict[str, str] | None = None,
-                     request_id: str | None = None) -> AsyncSandbox:
+                     request_id: str | None = None,
+                     protected_paths: list[str] | None = None) -> AsyncSandbox:
         """Create one sandbox and return it running. A ``request_id`` makes the call safe
-        to retry: the same key returns the sandbox the first attempt made."""
+        to retry: the same key returns the sandbox the first attempt made.
+        ``protected_paths`` are hierarchies no command may read or write (root included);
+        only ``exec(..., grading=True)`` reaches them."""
         spec = _spec(locals())
         # only what was given: a server of an older version knows no newer fields
         resp = await self._request("POST", "/v1/sandboxes",
@@ -120,7 +123,8 @@ class AsyncClient:
                           network: str | dict[str, bool] = "none", job: str | None = None,
                           labels: dict[str, str] | None = None,
                           env: dict[str, str] | None = None,
-                          request_id: str | None = None) -> list[AsyncSandbox]:
+                          request_id: str | None = None,
+                          protected_paths: list[str] | None = None) -> list[AsyncSandbox]:
         """Create ``count`` sandboxes in one request, spread over the cluster's nodes and
         started concurrently there.
 

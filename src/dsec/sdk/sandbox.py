@@ -22,13 +22,17 @@ __all__ = ["AsyncSandbox", "AsyncShell", "AsyncFiles", "AsyncInput"]
 
 def _exec_body(cmd: str | list[str], cwd: str | None, env: dict[str, str] | None,
                user: str | None, stdin: bytes | str | None, timeout: float | None,
-               max_output: int, background: bool, step: str | None) -> dict:
+               max_output: int, background: bool, step: str | None,
+               grading: bool = False) -> dict:
     if isinstance(stdin, str):
         stdin = stdin.encode()
-    return validated(ExecRequest, cmd=cmd, cwd=cwd, env=env or {}, user=user,
-                       stdin=base64.b64encode(stdin).decode() if stdin else None,
-                       timeout=timeout, max_output=max_output, background=background,
-                       step=step).model_dump()
+    body = validated(ExecRequest, cmd=cmd, cwd=cwd, env=env or {}, user=user,
+                     stdin=base64.b64encode(stdin).decode() if stdin else None,
+                     timeout=timeout, max_output=max_output, background=background,
+                     step=step, grading=grading).model_dump()
+    if not grading:  # only when set: an older server knows no such field
+        body.pop("grading")
+    return body
 
 
 @guarded
@@ -55,12 +59,14 @@ class AsyncSandbox:
                    env: dict[str, str] | None = None, user: str | None = None,
                    stdin: bytes | str | None = None, timeout: float | None = 60.0,
                    max_output: int = MAX_OUTPUT_DEFAULT, background: bool = False,
-                   step: str | None = None) -> ExecResult:
+                   step: str | None = None, grading: bool = False) -> ExecResult:
         """Run a command to completion. A string runs under ``/bin/sh -c``; a list as argv.
 
         A non-zero exit is a result, not an error; a timeout kills the process group and
-        returns ``timed_out=True`` with the output so far."""
-        body = _exec_body(cmd, cwd, env, user, stdin, timeout, max_output, background, step)
+        returns ``timed_out=True`` with the output so far. ``grading=True`` runs it as the
+        grading step, which reads and writes the sandbox's protected paths."""
+        body = _exec_body(cmd, cwd, env, user, stdin, timeout, max_output, background, step,
+                          grading)
         http_timeout = None if timeout is None else timeout + 30
         resp = await self._client._request("POST", f"/v1/sandboxes/{self.id}/exec", json=body,
                                            timeout=http_timeout)
@@ -70,9 +76,11 @@ class AsyncSandbox:
                           env: dict[str, str] | None = None, user: str | None = None,
                           stdin: bytes | str | None = None, timeout: float | None = 600.0,
                           max_output: int = MAX_OUTPUT_DEFAULT,
-                          step: str | None = None) -> AsyncIterator[ExecEvent]:
+                          step: str | None = None,
+                          grading: bool = False) -> AsyncIterator[ExecEvent]:
         """Yield stdout/stderr chunks as they are written, then one ``exit`` event."""
-        body = _exec_body(cmd, cwd, env, user, stdin, timeout, max_output, False, step)
+        body = _exec_body(cmd, cwd, env, user, stdin, timeout, max_output, False, step,
+                          grading)
         async for line in self._client._stream_lines(f"/v1/sandboxes/{self.id}/exec/stream",
                                                       body):
             if "error" in line:

@@ -18,8 +18,11 @@
  *                     'X' exit "code signal", 'F' failure message, 'A' pong
  * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
  * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
- * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1}. A detached command gets /dev/null for stdio and
- * outlives the connection: the agent answers 'P' and closes. Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
+ * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..]}. A detached command gets
+ * /dev/null for stdio and outlives the connection: the agent answers 'P' and closes. "protect"
+ * names hierarchies the command may not read or write, enforced with Landlock (protect.h);
+ * the node sends it with every command of a sandbox that has protected paths, except the
+ * grading step's. Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
  *
  * Usage:  dsec-agent [--confine BPF] serve-fd N   accept on an inherited listening socket
  *                                                 (containers: the agent is the init)
@@ -78,6 +81,8 @@
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
+
+#include "protect.h"
 
 #define MAX_FRAME (1 << 20)
 #define MAX_ARGS 4096
@@ -174,13 +179,17 @@ static int recv_frame(int fd, char **payload, uint32_t *len) {
 struct spawn {
     char *argv[MAX_ARGS + 1];
     char *env[MAX_ARGS + 1];
+    char *protect[MAX_ARGS + 1]; /* hierarchies the command may not read or write */
     char *cwd;
     long uid, gid, pty, rows, cols, detach, unconfined;
+    int ruleset, ruleset_err;    /* the Landlock ruleset built for protect, or -1 and why */
 };
 
 static void free_spawn(struct spawn *sp) {
     for (int i = 0; sp->argv[i]; i++) free(sp->argv[i]);
     for (int i = 0; sp->env[i]; i++) free(sp->env[i]);
+    for (int i = 0; sp->protect[i]; i++) free(sp->protect[i]);
+    if (sp->ruleset >= 0) close(sp->ruleset);
     free(sp->cwd);
     free(sp);
 }
@@ -249,6 +258,7 @@ static const char *parse_str_array(const char *p, char **arr) {
 
 static int parse_spawn(const char *p, struct spawn *sp) {
     memset(sp, 0, sizeof(*sp));
+    sp->ruleset = -1;
     sp->rows = 24;
     sp->cols = 80;
     p = skip_ws(p);
@@ -266,6 +276,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
         p = skip_ws(p);
         if (!strcmp(key, "argv")) p = parse_str_array(p, sp->argv);
         else if (!strcmp(key, "env")) p = parse_str_array(p, sp->env);
+        else if (!strcmp(key, "protect")) p = parse_str_array(p, sp->protect);
         else if (!strcmp(key, "cwd")) p = parse_string(p, &sp->cwd);
         else {
             char *end;
@@ -335,6 +346,13 @@ static void child_exec(struct spawn *sp, int errfd) {
     if (sp->uid && setuid((uid_t)sp->uid) < 0) _exit(126);
     if (confining && !sp->unconfined && confine() < 0) {
         snprintf(msg, sizeof msg, "dsec: confining the command: %s\n", strerror(errno));
+        write_all(errfd, msg, strlen(msg));
+        _exit(126);
+    }
+    if (sp->protect[0] && (sp->ruleset < 0 || enter_protection(sp->ruleset) < 0)) {
+        /* fail closed: a command that should not see the protected paths does not run */
+        int e = sp->ruleset < 0 ? sp->ruleset_err : errno;
+        snprintf(msg, sizeof msg, "dsec: protecting paths (Landlock): %s\n", strerror(e));
         write_all(errfd, msg, strlen(msg));
         _exit(126);
     }
@@ -531,6 +549,8 @@ static void handle(int conn) {
         return;
     }
     free(payload);
+    if (sp->protect[0] && (sp->ruleset = protect_ruleset(sp->protect)) < 0)
+        sp->ruleset_err = errno; /* built here, before fork: the child only enters it */
     int in_p[2], out_p[2], err_p[2], master = -1;
     char slave[128];
     pid_t pid;

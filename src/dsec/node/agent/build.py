@@ -13,11 +13,12 @@ from dsec.api.errors import Internal
 __all__ = ["ensure_agent", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("agent.c")
+HEADERS = [Path(__file__).with_name("protect.h")]
 
 
 def ensure_agent(out_dir: Path) -> Path:
     """Path of a built agent matching the current source; compiles it if needed."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [SOURCE, *HEADERS])).hexdigest()[:16]
     out = out_dir / f"dsec-agent-{digest}"
     if out.exists():
         return out

@@ -11,7 +11,7 @@ import json
 import os
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsec.api.errors import Conflict
 
@@ -42,6 +42,7 @@ class SpawnRequest:
     cols: int = 80
     detach: bool = False
     unconfined: bool = False  # guests only: the node's own housekeeping, never a user's exec
+    protect: list[str] = field(default_factory=list)  # hierarchies it may not read or write
 
     def encode(self) -> bytes:
         body = {
@@ -56,6 +57,8 @@ class SpawnRequest:
             "detach": int(self.detach),
             "unconfined": int(self.unconfined),
         }
+        if self.protect:  # only when set: an agent that predates the key reads no other
+            body["protect"] = self.protect
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to
         # single bytes, so non-ASCII argv is sent pre-encoded as latin-1 code points.
         return json.dumps(_latin1_safe(body), ensure_ascii=True).encode()

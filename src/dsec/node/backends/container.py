@@ -39,6 +39,7 @@ class ContainerBackend(Backend):
     """Runs sandboxes as runc containers; see the module docstring for the layout."""
 
     name = "container"
+    protects_paths = "host"  # the agent enforces protected_paths with the host's Landlock
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
                  runc: str = "runc") -> None:
