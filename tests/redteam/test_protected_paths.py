@@ -149,7 +149,6 @@ async def test_a_grading_process_cannot_be_entered_through_proc(guarded):
 
 @pytest.mark.parametrize("cmd", [
     "chroot / cat /grader/secret.txt",
-    "cd /grader && chroot . /bin/cat secret.txt",
     "mkdir -p /tmp/b && mount --bind /grader /tmp/b && cat /tmp/b/secret.txt",
     "mkdir -p /tmp/b && mount -t tmpfs x /grader",
     "unshare -m sh -c 'mount --bind /grader /tmp && cat /tmp/secret.txt'",
