@@ -31,6 +31,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@# the distribution was called dsec before it became dsec-sandbox: drop the old one
+	$(PY) -m pip uninstall -q -y dsec 2>/dev/null || true
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -1,14 +1,19 @@
-"""The sync face must offer exactly the async methods, with the same signatures."""
+"""The sync face offers exactly the async methods, with the async signatures mapped to
+blocking types (``AsyncSandbox`` -> ``Sandbox``, ``AsyncIterator`` -> ``Iterator``), and
+the shipped stub ``sync.pyi`` says so to static tools (E2B's test_parity, Modal's stubs)."""
 
 import inspect
+import re
 
 import dsec
 from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell, Client
+from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.sandbox import AsyncInput
-from dsec.sdk.sync import Files, Input, Sandbox, Shell
+from dsec.sdk.stubs import STUB_PATH, render
+from dsec.sdk.sync import _WRAPPERS, Files, Input, Jobs, Sandbox, Shell
 
 PAIRS = [(AsyncClient, Client), (AsyncSandbox, Sandbox), (AsyncShell, Shell),
-         (AsyncFiles, Files), (AsyncInput, Input)]
+         (AsyncFiles, Files), (AsyncInput, Input), (AsyncJobs, Jobs)]
 
 
 def public_methods(cls):
@@ -21,10 +26,45 @@ def test_same_method_names():
         assert names <= set(dir(s)), (s, names - set(dir(s)))
 
 
-def test_same_signatures():
+def test_every_wrapped_class_is_compared():
+    assert set(_WRAPPERS) == {a for a, _ in PAIRS}
+
+
+def _mapped(annotation):
+    """The mapping, written out again here so a bug in the SDK's own is caught."""
+    if not isinstance(annotation, str):
+        return annotation
+    annotation = annotation.replace("AsyncIterator[", "Iterator[")
+    return re.sub(r"\bAsync(\w+)", r"\1", annotation)
+
+
+def test_mapped_signatures():
     for a, s in PAIRS:
         for name in public_methods(a):
-            assert inspect.signature(getattr(a, name)) == inspect.signature(getattr(s, name)), name
+            async_sig = inspect.signature(getattr(a, name))
+            sync_sig = inspect.signature(getattr(s, name))
+            assert list(async_sig.parameters) == list(sync_sig.parameters), name
+            for pa, ps in zip(async_sig.parameters.values(), sync_sig.parameters.values()):
+                assert (pa.kind, pa.default) == (ps.kind, ps.default), (name, pa.name)
+                assert _mapped(pa.annotation) == ps.annotation, (name, pa.name)
+            assert _mapped(async_sig.return_annotation) == sync_sig.return_annotation, name
+
+
+def test_blocking_faces_return_blocking_types():
+    ret = {(s.__name__, n): inspect.signature(getattr(s, n)).return_annotation
+           for a, s in PAIRS for n in public_methods(a)}
+    assert ret[("Client", "create")] == "Sandbox"
+    assert ret[("Client", "create_many")] == "list[Sandbox]"
+    assert ret[("Client", "get")] == "Sandbox"
+    assert ret[("Sandbox", "shell")] == "Shell"
+    assert ret[("Sandbox", "exec_stream")] == "Iterator[ExecEvent]"
+    assert ret[("Jobs", "attach")] == "list[Sandbox]"
+    assert not [k for k, v in ret.items() if "Async" in str(v)]
+
+
+def test_shipped_stub_is_current():
+    assert STUB_PATH.read_text() == render(), "stale: run python -m dsec.sdk.stubs"
+    assert "Async" not in STUB_PATH.read_text()
 
 
 def test_public_names():

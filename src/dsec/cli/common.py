@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import sys
 import time
-from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import pydantic
+import pydantic_core
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -17,13 +20,25 @@ from rich.text import Text
 from dsec.api.errors import DSecError
 from dsec.sdk.client import default_url
 
-__all__ = ["out", "err", "fail", "cli_errors", "parse_pairs", "age", "mib", "exit_status"]
+__all__ = ["out", "err", "fail", "cli_errors", "parse_pairs", "age", "mib", "exit_status",
+           "server_needed", "DISTRIBUTION", "JsonOpt", "print_json"]
+
+DISTRIBUTION = "dsec-sandbox"  # the name on PyPI; the import name is dsec
 
 # Piped output keeps whole rows (for grep) instead of folding to 80 columns.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable)
+
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="print the result as one JSON document on stdout (for scripts)")]
+
+
+def print_json(value: Any) -> None:
+    """``value`` (wire models, lists and dicts of them) as indented JSON on stdout."""
+    sys.stdout.write(json.dumps(pydantic_core.to_jsonable_python(value), indent=2) + "\n")
+    sys.stdout.flush()
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -49,6 +64,16 @@ def cli_errors(fn: F) -> F:
             err.print("interrupted")
             raise typer.Exit(130) from None
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def server_needed(command: str, extra: str = "server") -> Iterator[None]:
+    """Around the imports of the server stack: a client-only install says what to add."""
+    try:
+        yield
+    except ImportError as exc:
+        fail(f"`{command}` runs the dsec server, which this install lacks (no module "
+             f"{exc.name!r}): pip install '{DISTRIBUTION}[{extra}]'")
 
 
 def _validation_message(e: dict) -> str:

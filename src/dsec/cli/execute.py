@@ -10,7 +10,7 @@ import typer
 
 import dsec
 from dsec.api.models import ExecResult
-from dsec.cli.common import cli_errors, err, exit_status, fail, parse_pairs
+from dsec.cli.common import JsonOpt, cli_errors, err, exit_status, fail, parse_pairs, print_json
 
 __all__ = ["exec_"]
 
@@ -28,8 +28,12 @@ def exec_(
     user: Annotated[str | None, typer.Option("--user", "-u", help="user or uid[:gid]")] = None,
     stdin: Annotated[bool, typer.Option("--stdin", "-i", help="feed local stdin to the "
                                                                 "command")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run a command, streaming its output; exit with its exit code."""
+    """Run a command, streaming its output; exit with its exit code.
+
+    With --json the output is not streamed: the whole result (exit code, stdout, stderr,
+    duration, truncation) is printed as one JSON document when the command ends."""
     if cmd[0] == "--":  # interspersed args are off, so click hands the separator on
         cmd = cmd[1:]
     if not cmd:
@@ -37,6 +41,11 @@ def exec_(
     command: str | list[str] = cmd[0] if len(cmd) == 1 else cmd
     kwargs = dict(cwd=workdir, env=parse_pairs(env, "--env"), user=user, timeout=timeout,
                   stdin=sys.stdin.buffer.read() if stdin else None)
+    if as_json:
+        with dsec.Client() as client:
+            result = client.get(sandbox_id).exec(command, **kwargs)
+        print_json(result)
+        raise typer.Exit(exit_status(result.exit_code) if not result.timed_out else 124)
     # asyncio.run turns Ctrl-C into a cancellation: the stream closes and the server
     # kills the command, instead of leaving it to run until its timeout.
     result = asyncio.run(_stream(sandbox_id, command, kwargs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +14,7 @@ import typer
 
 import dsec
 from dsec.api.errors import NotFound
-from dsec.cli.common import cli_errors, err, fail
+from dsec.cli.common import JsonOpt, cli_errors, err, fail, print_json
 
 __all__ = ["cp", "split_remote"]
 
@@ -29,24 +30,56 @@ def split_remote(arg: str) -> tuple[str, str] | None:
 
 @cli_errors
 def cp(
-    src: Annotated[str, typer.Argument(help="local path or ID:/path")],
-    dst: Annotated[str, typer.Argument(help="local path or ID:/path")],
+    src: Annotated[str, typer.Argument(help="local path, - for stdin, or ID:/path")],
+    dst: Annotated[str, typer.Argument(help="local path, - for stdout, or ID:/path")],
+    as_json: JsonOpt = False,
 ) -> None:
     """Copy a file or directory into or out of a sandbox.
 
     As with ``cp -r``: when the destination is an existing directory, the source is copied
-    into it under its own name."""
+    into it under its own name. ``-`` as SRC writes stdin to the sandbox file; as DST it
+    writes the sandbox file to stdout."""
     remote_src, remote_dst = split_remote(src), split_remote(dst)
     if (remote_src is None) == (remote_dst is None):
         raise typer.BadParameter("exactly one of SRC and DST must be ID:/path")
+    if as_json and dst == "-":
+        raise typer.BadParameter("--json prints to stdout, where `-` sends the file; "
+                                 "give a local path instead")
     with dsec.Client() as client:
         if remote_dst is not None:
-            _upload(client, Path(src), *remote_dst)
+            done = _upload_stdin(client, *remote_dst) if src == "-" \
+                else _upload(client, Path(src), *remote_dst)
+        elif dst == "-":
+            done = _download_stdout(client, *remote_src)  # type: ignore[misc]
         else:
-            _download(client, *remote_src, Path(dst))  # type: ignore[misc]
+            done = _download(client, *remote_src, Path(dst))  # type: ignore[misc]
+    if as_json:
+        print_json(done)
 
 
-def _upload(client, local: Path, sb_id: str, path: str) -> None:
+def _copied(src: str, dst: str, kind: str, n: int) -> dict:
+    """What a copy did, as --json prints it (and a line on stderr either way)."""
+    unit = "entries" if kind == "dir" else "bytes"
+    err.print(f"copied {src} to {dst} ({n} {unit})")
+    return {"src": src, "dst": dst, "type": kind, unit: n}
+
+
+def _upload_stdin(client, sb_id: str, path: str) -> dict:
+    if path.endswith("/"):
+        fail(f"{sb_id}:{path} names a directory; stdin needs a file name to go to")
+    info = client.get(sb_id).files.upload(sys.stdin.buffer, path)
+    return _copied("-", f"{sb_id}:{path}", "file", info.size)
+
+
+def _download_stdout(client, sb_id: str, path: str) -> dict:
+    files = client.get(sb_id).files
+    if files.stat(path).type == "dir":
+        fail(f"{sb_id}:{path} is a directory; `-` takes a file (copy a directory to a path)")
+    n = files.download(path, sys.stdout.buffer)
+    return _copied(f"{sb_id}:{path}", "-", "file", n)
+
+
+def _upload(client, local: Path, sb_id: str, path: str) -> dict:
     if not local.exists():
         fail(f"{local}: no such file or directory")
     files = client.get(sb_id).files
@@ -55,11 +88,9 @@ def _upload(client, local: Path, sb_id: str, path: str) -> None:
     target = posixpath.join(path, local.name) if _is_dir(files, path) else path
     if local.is_dir():
         files.mkdir(target)
-        n = files.upload_dir(local, target)
-        err.print(f"copied {local} to {sb_id}:{target} ({n} entries)")
-    else:
-        info = files.upload(local, target, mode=local.stat().st_mode & 0o7777)
-        err.print(f"copied {local} to {sb_id}:{target} ({info.size} bytes)")
+        return _copied(str(local), f"{sb_id}:{target}", "dir", files.upload_dir(local, target))
+    info = files.upload(local, target, mode=local.stat().st_mode & 0o7777)
+    return _copied(str(local), f"{sb_id}:{target}", "file", info.size)
 
 
 def _is_dir(files, path: str) -> bool:
@@ -69,19 +100,17 @@ def _is_dir(files, path: str) -> bool:
         return False
 
 
-def _download(client, sb_id: str, path: str, local: Path) -> None:
+def _download(client, sb_id: str, path: str, local: Path) -> dict:
     files = client.get(sb_id).files
     info = files.stat(path)
     target = local / posixpath.basename(path.rstrip("/")) if local.is_dir() else local
     if info.type == "dir":
-        n = _download_dir(files, path, target)
-        err.print(f"copied {sb_id}:{path} to {target} ({n} entries)")
-    else:
-        if not target.parent.is_dir():
-            fail(f"{target.parent}: no such directory")
-        n = files.download(path, target)
-        target.chmod(info.mode & 0o7777)
-        err.print(f"copied {sb_id}:{path} to {target} ({n} bytes)")
+        return _copied(f"{sb_id}:{path}", str(target), "dir", _download_dir(files, path, target))
+    if not target.parent.is_dir():
+        fail(f"{target.parent}: no such directory")
+    n = files.download(path, target)
+    target.chmod(info.mode & 0o7777)
+    return _copied(f"{sb_id}:{path}", str(target), "file", n)
 
 
 def _download_dir(files, path: str, target: Path) -> int:

@@ -21,7 +21,7 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
                            TimeElapsedColumn)
 from rich.text import Text
 
-from dsec.cli.common import cli_errors, err, fail, mib, out, parse_pairs
+from dsec.cli.common import JsonOpt, cli_errors, err, fail, mib, out, parse_pairs, print_json
 from dsec.cli.images import image_table
 
 if TYPE_CHECKING:
@@ -72,7 +72,9 @@ def _ensure_builtin(svc: ImageService, refs: list[str | None]) -> None:
         svc.ensure_busybox()
 
 
-def _print_layer(info: LayerInfo) -> None:
+def _print_layer(info: LayerInfo, as_json: bool = False) -> None:
+    if as_json:
+        return print_json(info)
     if info.tag:
         out.print(f"tag       {info.tag}")
     out.print(f"layer     {info.digest}  ({info.id}, {mib(info.size)})")
@@ -80,7 +82,9 @@ def _print_layer(info: LayerInfo) -> None:
         out.print(f"manifest  {info.manifest_digest}")
 
 
-def _print_image(info: ImageInfo) -> None:
+def _print_image(info: ImageInfo, as_json: bool = False) -> None:
+    if as_json:
+        return print_json(info)
     out.print(f"tag       {info.name}")
     out.print(f"manifest  {info.manifest_digest}")
     out.print(f"layers    {info.layers} ({mib(info.size)})")
@@ -95,6 +99,7 @@ def build(
     tag: Annotated[str | None, typer.Option(
         "--tag", "-t", help="tag of the result; default: the spec's 'tag'")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Build a layer from a spec file: run its steps on the base, pack the changes, tag it.
 
@@ -118,7 +123,7 @@ def build(
             progress.update(bar, total=n, completed=i - 1, description=_short(text))
 
         info = svc.build(loaded, context or spec.parent, progress=step)
-    _print_layer(info)
+    _print_layer(info, as_json)
 
 
 def _short(text: str, width: int = 48) -> str:
@@ -145,6 +150,7 @@ def import_(
         metavar="KEY=VALUE", help="rootfs only: environment of the image (repeatable)")
     ] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Import an image (OCI layout, `docker save` tar) or a rootfs (dir or tar) as a layer.
 
@@ -163,7 +169,7 @@ def import_(
         if base is not None or env:
             fail(f"{path} is an image; --base and --env apply to a rootfs (add --rootfs)")
         with err.status(f"importing {path}"):
-            _print_image(svc.import_image(path, tag, ref))
+            _print_image(svc.import_image(path, tag, ref), as_json)
         return
     if tag is None:
         fail(f"importing {path} as a rootfs needs --tag (nothing else would name the layer)")
@@ -176,7 +182,7 @@ def import_(
         config = base_config.model_copy(
             update={"env": {**base_config.env, **parse_pairs(env, "--env")}})
     with err.status(f"importing {path} as a rootfs"):
-        _print_layer(svc.import_rootfs(path, tag, config, base))
+        _print_layer(svc.import_rootfs(path, tag, config, base), as_json)
 
 
 def detect_image_kind(path: Path) -> str:
@@ -207,6 +213,7 @@ def merge(
     count: Annotated[int | None, typer.Option(
         min=1, help="how many layers to merge; default: up to the top")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Merge consecutive layers of an image into one (whiteouts kept) and tag the result.
 
@@ -217,6 +224,8 @@ def merge(
     _ensure_builtin(svc, [ref])
     with err.status(f"merging layers of {ref}"):
         info = svc.merge(ref, tag, start, count)
+    if as_json:
+        return print_json(info)
     _print_layer(info)
     out.print(f"layers    {len(svc.manifest(info.manifest_digest).layers)}")
 
@@ -227,6 +236,7 @@ def tag_(
     src: Annotated[str, typer.Argument(help="existing tag or manifest digest")],
     dst: Annotated[str, typer.Argument(help="new tag, e.g. 'python:3.11'")],
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Point tag DST at the image SRC names (DST is replaced if it exists).
 
@@ -236,6 +246,8 @@ def tag_(
     svc = _service(state_dir)
     _ensure_builtin(svc, [src])
     digest = svc.tag(normalize_ref(dst), src)
+    if as_json:
+        return print_json({"tag": normalize_ref(dst), "manifest_digest": digest})
     out.print(f"{normalize_ref(dst)} -> {digest}")
 
 
@@ -244,6 +256,7 @@ def tag_(
 def rm(
     tags: Annotated[list[str], typer.Argument(help="tags to remove")],
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Remove tags. Their layers stay until `dsec image gc` finds nothing uses them.
 
@@ -253,16 +266,21 @@ def rm(
     svc = _service(state_dir)
     for t in tags:
         svc.untag(normalize_ref(t))
-        out.print(f"untagged {normalize_ref(t)}")
+        if not as_json:
+            out.print(f"untagged {normalize_ref(t)}")
+    if as_json:
+        print_json({"untagged": [normalize_ref(t) for t in tags]})
 
 
 @image_app.command()
 @on_node
-def ls(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
+def ls(state_dir: StateDir = DEFAULT_STATE_DIR, as_json: JsonOpt = False) -> None:
     """List the images (tags) of this node's layer store, as `dsec images` does.
 
     Runs on the node machine, as root, against its local layer store."""
     found = _service(state_dir).list_images()
+    if as_json:
+        return print_json(found)
     if not found:
         err.print("no images")
         return
@@ -276,6 +294,7 @@ def gc(
     grace: Annotated[float, typer.Option(
         min=0, help="keep files younger than this many seconds (a build in flight)")] = 600.0,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Delete manifests no tag names and layers no kept manifest lists.
 
@@ -286,6 +305,9 @@ def gc(
     with open("/proc/self/mounts") as f:
         in_use = overlay_layers(f.read(), svc.mounts.mnt_dir)
     plan = svc.gc(in_use=in_use, grace_s=grace)
+    if as_json:
+        return print_json({"layers": sorted(plan.layers), "manifests": sorted(plan.manifests),
+                           "bytes_freed": plan.bytes_freed})
     for d in plan.layers:
         out.print(f"removed layer     {d}")
     for d in plan.manifests:
@@ -328,6 +350,7 @@ def push(
     authfile: Annotated[Path | None, typer.Option(
         help="credentials file (Docker config.json format)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Upload an image: to an OCI registry as an ordinary image (DEST or a REF with a
     registry host), or to a remote dsec layer store (--to). Blobs already there are skipped.
@@ -346,6 +369,8 @@ def push(
                             auth_file=authfile)
         with err.status(f"pushing {ref} to {target}"):
             digest = local.push_registry(ref, target, auth)
+        if as_json:
+            return print_json({"pushed": ref, "manifest_digest": digest, "to": target})
         out.print(f"pushed {target} -> {digest}")
         return
     url = to or os.environ.get("DSEC_URL")
@@ -355,6 +380,8 @@ def push(
     svc = _service(state_dir, remote=url, token=token)
     with err.status(f"pushing {ref} to {url}"):
         digest = svc.push(ref, tag)
+    if as_json:
+        return print_json({"pushed": tag or ref, "manifest_digest": digest, "to": url})
     out.print(f"pushed {tag or ref} -> {digest}")
 
 
@@ -365,6 +392,7 @@ def export(
     output: Annotated[Path, typer.Argument(help="OCI image layout directory to write")],
     uncompressed: Annotated[bool, typer.Option(help="plain layer tars, not gzip")] = False,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write an image as an OCI image layout (what skopeo, podman and buildah read).
 
@@ -375,6 +403,8 @@ def export(
     _ensure_builtin(svc, [ref])
     with err.status(f"exporting {ref} to {output}"):
         m = svc.export_oci(ref, output, compress=not uncompressed)
+    if as_json:
+        return print_json({"exported": ref, "to": str(output), "layers": len(m["layers"])})
     out.print(f"exported {ref} -> {output} ({len(m['layers'])} layers)")
 
 
@@ -395,6 +425,7 @@ def pull(
     authfile: Annotated[Path | None, typer.Option(
         help="credentials file (Docker config.json format)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
+    as_json: JsonOpt = False,
 ) -> None:
     """Pull an image from an OCI registry: each layer fetched once, verified, made EROFS.
 
@@ -418,4 +449,4 @@ def pull(
 
     with progress:
         info = svc.pull_registry(ref, tag, auth, report)
-    _print_image(info)
+    _print_image(info, as_json)

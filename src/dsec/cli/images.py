@@ -7,16 +7,19 @@ import time
 from rich.table import Table
 
 import dsec
-from dsec.cli.common import age, cli_errors, err, mib, out
+from dsec.cli.common import JsonOpt, age, cli_errors, err, mib, out, print_json
 
 __all__ = ["images", "nodes", "image_table"]
 
 
 @cli_errors
-def images() -> None:
+def images(as_json: JsonOpt = False) -> None:
     """List the images (tags) the server knows."""
     with dsec.Client() as client:
         found = client.images()
+    if as_json:
+        print_json(sorted(found, key=lambda im: im.name))
+        return
     if not found:
         err.print("no images")
         return
@@ -40,10 +43,13 @@ def image_table(rows: list[tuple[str, str, int, int, float | None]]) -> Table:
 
 
 @cli_errors
-def nodes() -> None:
+def nodes(as_json: JsonOpt = False) -> None:
     """List the cluster's nodes and their load."""
     with dsec.Client() as client:
         found = client.nodes()
+    if as_json:
+        print_json(found)
+        return
     table = Table(box=None, header_style="bold")
     table.add_column("ID", no_wrap=True)
     table.add_column("BACKENDS")

@@ -6,7 +6,11 @@ server's state directory ($DSEC_STATE_DIR, default /var/lib/dsec), as for the SD
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+import dsec
 
 from dsec.cli.demo import demo
 from dsec.cli.execute import exec_
@@ -20,9 +24,24 @@ from dsec.cli.shell import shell
 
 __all__ = ["app"]
 
-app = typer.Typer(name="dsec", no_args_is_help=True, add_completion=False,
+# add_completion: `dsec --install-completion` (bash, zsh, fish, PowerShell) and
+# `dsec --show-completion` to print the script instead.
+app = typer.Typer(name="dsec", no_args_is_help=True, add_completion=True,
                   pretty_exceptions_show_locals=False,
                   help="Elastic sandboxes for agentic RL: run `dsec serve`, then `dsec demo`.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsec {dsec.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print the version and exit")] = False) -> None:
+    """Elastic sandboxes for agentic RL: run `dsec serve`, then `dsec demo`."""
 
 app.command()(serve)
 app.command()(node)

@@ -13,7 +13,7 @@ from rich.table import Table
 import dsec
 from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
-from dsec.cli.common import age, cli_errors, err, fail, out, parse_pairs
+from dsec.cli.common import JsonOpt, age, cli_errors, err, fail, out, parse_pairs, print_json
 
 __all__ = ["create", "ls", "rm", "sandbox_table"]
 
@@ -38,15 +38,19 @@ def create(
     job: Annotated[str | None, typer.Option(help="job the sandbox belongs to")] = None,
     label: Labels = None,
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="how many")] = 1,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Create sandboxes and print their ids, one per line."""
+    """Create sandboxes and print their ids, one per line (--json: their full records)."""
     kwargs = dict(backend=backend, image=image, cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb,
                   ttl_s=ttl or None, idle_ttl_s=idle_ttl or None, job=job,
                   labels=parse_pairs(label, "--label"))
     t0 = time.perf_counter()
     made, errors = asyncio.run(_create_concurrently(count, kwargs))
-    for sb_id in made:
-        out.print(sb_id)
+    if as_json:
+        print_json(made)
+    else:
+        for info in made:
+            out.print(info.id)
     if errors:
         if not made:
             raise errors[0]
@@ -57,15 +61,16 @@ def create(
         err.print(f"created {len(made)} sandboxes in {time.perf_counter() - t0:.2f}s")
 
 
-async def _create_concurrently(count: int, kwargs: dict) -> tuple[list[str], list[DSecError]]:
+async def _create_concurrently(count: int, kwargs: dict
+                               ) -> tuple[list[SandboxInfo], list[DSecError]]:
     """Create ``count`` sandboxes, a few requests at a time, with a bar on stderr."""
-    made: list[str] = []
+    made: list[SandboxInfo] = []
     errors: list[DSecError] = []
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
     async with dsec.AsyncClient() as client:
-        async def one() -> str:
+        async def one() -> SandboxInfo:
             async with gate:
-                return (await client.create(**kwargs)).id
+                return (await client.create(**kwargs)).info
 
         progress = Progress(TextColumn("creating"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=err, transient=True,
@@ -86,10 +91,14 @@ def ls(
     job: Annotated[str | None, typer.Option(help="only this job's sandboxes")] = None,
     label: Labels = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print ids only")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """List sandboxes."""
     with dsec.Client() as client:
         infos = client.list(job=job, labels=parse_pairs(label, "--label"))
+    if as_json:
+        print_json(sorted(infos, key=lambda i: i.created_at))
+        return
     if quiet:
         for info in infos:
             out.print(info.id)
@@ -122,6 +131,7 @@ def rm(
     ids: Annotated[list[str] | None, typer.Argument(metavar="[ID]...", help="sandbox ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="stop every sandbox")] = False,
     job: Annotated[str | None, typer.Option(help="stop every sandbox of this job")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Stop sandboxes and remove everything they had."""
     if not ids and not all_ and job is None:
@@ -131,9 +141,16 @@ def rm(
     if not ids:
         with dsec.Client() as client:
             n = client.stop_all(job=job)
+        if as_json:
+            print_json({"stopped": n})
         err.print(f"stopped {n} sandbox{'es' if n != 1 else ''}")
         return
-    failures = asyncio.run(_stop_ids(ids))
+    failures = asyncio.run(_stop_ids(ids, quiet=as_json))
+    if as_json:
+        failed = dict(failures)
+        print_json([{"id": i, "stopped": i not in failed}
+                    | ({"error": failed[i].to_wire()["error"]} if i in failed else {})
+                    for i in ids])
     if len(ids) == 1 and failures:
         fail(failures[0][1].message)
     for sb_id, exc in failures:
@@ -142,11 +159,12 @@ def rm(
         fail(f"{len(failures)} of {len(ids)} sandboxes could not be stopped")
 
 
-async def _stop_ids(ids: list[str]) -> list[tuple[str, DSecError]]:
+async def _stop_ids(ids: list[str], quiet: bool = False) -> list[tuple[str, DSecError]]:
     async with dsec.AsyncClient() as client:
         async def one(sb_id: str) -> None:
             await (await client.get(sb_id)).stop()
-            out.print(sb_id)
+            if not quiet:
+                out.print(sb_id)
 
         results = await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
     failures = []

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dsec.cli.common import err
+from dsec.cli.common import err, server_needed
 
 __all__ = ["serve", "node"]
 
@@ -45,8 +45,9 @@ def serve(
                     "this size (default 1024)")] = None,
 ) -> None:
     """Run the dsec server on this machine until interrupted."""
-    from dsec.gateway.server import guest_options, registry_options, trajectory_options
-    from dsec.gateway.server import serve as run_server  # the server stack loads only here
+    with server_needed("dsec serve"):  # the server stack loads only here
+        from dsec.gateway.server import guest_options, registry_options, trajectory_options
+        from dsec.gateway.server import serve as run_server
     if guest_accel not in ("auto", "kvm", "tcg"):
         raise typer.BadParameter("takes auto, kvm or tcg", param_hint="--guest-accel")
 
@@ -85,7 +86,8 @@ def node(
         help="backend to enable (repeatable)")] = None,
 ) -> None:
     """Start this machine's node agent in a Ray cluster (as a detached Ray actor)."""
-    from dsec.cluster.ray import main as node_main
+    with server_needed("dsec node", extra="ray"):
+        from dsec.cluster.ray import main as node_main
     if not token:
         raise typer.BadParameter("the cluster token is required (or DSEC_TOKEN)",
                                  param_hint="--token")

@@ -14,7 +14,7 @@ from rich.table import Table
 
 import dsec
 from dsec.api.rl import TrajectoryEntry, TrajectoryPage
-from dsec.cli.common import cli_errors, out
+from dsec.cli.common import JsonOpt, cli_errors, out, print_json
 
 __all__ = ["trajectory_app", "entry_row"]
 
@@ -75,10 +75,13 @@ def _page(client: dsec.Client, sandbox_id: str, offset: int, limit: int) -> Traj
 
 @trajectory_app.command("audit")
 @cli_errors
-def audit(sandbox_id: SandboxId) -> None:
+def audit(sandbox_id: SandboxId, as_json: JsonOpt = False) -> None:
     """Print the actions a sandbox was refused (network destinations, divergent replays)."""
     with dsec.Client() as client:
         records = client.get(sandbox_id).audit()
+    if as_json:
+        print_json(records)
+        return
     t = Table("kind", "detail", "count", box=None, pad_edge=False)
     for r in records:
         t.add_row(r.kind, r.detail, str(r.count))

@@ -52,6 +52,9 @@ def default_token() -> str | None:
 class AsyncClient:
     """Talks to a dsec gateway. ``async with AsyncClient() as c: sb = await c.create()``."""
 
+    url: str
+    jobs: AsyncJobs
+
     def __init__(self, url: str | None = None, token: str | None = None,
                  timeout: float = 120.0) -> None:
         self.url = (url or default_url()).rstrip("/")

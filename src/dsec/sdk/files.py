@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import httpx
 
@@ -42,9 +44,15 @@ class AsyncFiles:
                                            params={"path": path, "mode": mode}, content=data)
         return parse(FileInfo, resp)
 
-    async def upload(self, local: str | Path, path: str, mode: int = 0o644) -> FileInfo:
-        """Stream a local file into the sandbox without reading it into memory."""
+    async def upload(self, local: str | Path | BinaryIO, path: str,
+                     mode: int = 0o644) -> FileInfo:
+        """Stream a local file (a path, or a binary file object such as
+        ``sys.stdin.buffer``) into the sandbox without reading it into memory."""
         async def chunks() -> AsyncIterator[bytes]:
+            if not isinstance(local, (str, Path)):  # a pipe may block: read off the loop
+                while chunk := await asyncio.to_thread(local.read, CHUNK):
+                    yield chunk
+                return
             with open(local, "rb") as f:
                 while chunk := f.read(CHUNK):
                     yield chunk
@@ -52,17 +60,21 @@ class AsyncFiles:
                                            content=chunks(), timeout=None)
         return parse(FileInfo, resp)
 
-    async def download(self, path: str, local: str | Path) -> int:
-        """Stream a sandbox file to a local file; returns the bytes written."""
+    async def download(self, path: str, local: str | Path | BinaryIO) -> int:
+        """Stream a sandbox file to a local file (a path, or a binary file object such as
+        ``sys.stdout.buffer``); returns the bytes written."""
         n = 0
         try:
             async with self._client._http.stream("GET", self._base, params={"path": path},
                                                  timeout=None) as resp:
                 await raise_for_status(resp)
-                with open(local, "wb") as f:
+                with contextlib.ExitStack() as stack:
+                    f = local if not isinstance(local, (str, Path)) \
+                        else stack.enter_context(open(local, "wb"))
                     async for chunk in resp.aiter_bytes(CHUNK):
                         f.write(chunk)
                         n += len(chunk)
+                    f.flush()
         except httpx.HTTPError as exc:
             raise translate(exc, f"download {path}", self._client.url) from exc
         return n

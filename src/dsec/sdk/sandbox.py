@@ -39,6 +39,11 @@ def _exec_body(cmd: str | list[str], cwd: str | None, env: dict[str, str] | None
 class AsyncSandbox:
     """One sandbox. Obtain it from ``client.create(...)`` or ``client.get(id)``."""
 
+    id: str
+    info: SandboxInfo
+    files: AsyncFiles
+    input: AsyncInput
+
     def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
         self._client = client
         self.info = info
@@ -146,6 +151,9 @@ class AsyncSandbox:
 @guarded
 class AsyncShell:
     """A persistent shell in a sandbox, from ``await sandbox.shell()``."""
+
+    id: str
+    sandbox_id: str
 
     def __init__(self, client: AsyncClient, info: ShellInfo) -> None:
         self._client = client

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,8 @@ from dsec.sdk.client import AsyncClient
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.sandbox import AsyncFiles, AsyncInput, AsyncSandbox, AsyncShell
 
-__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs"]
+__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs", "sync_annotation",
+           "sync_signature"]
 
 
 class _Loop:
@@ -68,6 +70,26 @@ def _iterate(agen) -> Iterator:
 
 
 _WRAPPERS: dict[type, type] = {}
+_NAME = re.compile(r"\b(Async(?:Client|Sandbox|Shell|Files|Input|Jobs|Process|Pty))\b")
+
+
+def sync_annotation(annotation: Any) -> Any:
+    """An async face's annotation (a string, under ``from __future__ import annotations``)
+    as the blocking face has it: ``AsyncSandbox`` -> ``Sandbox``, ``AsyncIterator[X]`` ->
+    ``Iterator[X]``."""
+    if not isinstance(annotation, str):
+        return annotation
+    text = re.sub(r"\bAsyncIterator\[", "Iterator[", annotation)
+    return _NAME.sub(lambda m: m.group(1).removeprefix("Async"), text)
+
+
+def sync_signature(fn: Any) -> inspect.Signature:
+    """The signature the blocking face gives the async method ``fn``."""
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=sync_annotation(p.annotation))
+              for p in sig.parameters.values()]
+    return sig.replace(parameters=params,
+                       return_annotation=sync_annotation(sig.return_annotation))
 
 
 def _wrap(value: Any) -> Any:
@@ -84,11 +106,13 @@ def _sync_method(name: str, fn):
         @functools.wraps(fn)
         def gen(self, *args, **kwargs):
             return _iterate(getattr(self._async, name)(*args, **kwargs))
+        gen.__signature__ = sync_signature(fn)  # type: ignore[attr-defined]
         return gen
 
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
         return _wrap(_run(getattr(self._async, name)(*args, **kwargs)))
+    call.__signature__ = sync_signature(fn)  # type: ignore[attr-defined]
     return call
 
 
@@ -127,8 +151,8 @@ _ClientBase = _sync_class(AsyncClient, "_ClientBase", "")
 
 
 class Client(_ClientBase):  # type: ignore[misc, valid-type]
-    """Blocking client: ``with dsec.Client() as c: sb = c.create()``; same methods as
-    :class:`dsec.AsyncClient`."""
+    """Blocking client: ``with dsec.Client() as c: sb = c.create()``; the async client's
+    methods, each returning its result (and blocking handles) instead of a coroutine."""
 
     def __init__(self, url: str | None = None, token: str | None = None,
                  timeout: float = 120.0) -> None:
