@@ -40,8 +40,12 @@ base-images: setup
 	@mkdir -p -m 0700 $(STATE_DIR)
 	DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR)
 
+# base images, the microvm guest kernel, and sandboxfusion:1 (every SandboxFusion language
+# Debian packages; a few GB, the first build takes a while)
 images: base-images
 	$(PY) -m dsec.node.backends.microvm.guest --out $(STATE_DIR)/microvm/guest
+	DSEC_STATE_DIR=$(STATE_DIR) $(PY) scripts/build_debian_image.py --state-dir $(STATE_DIR) \
+		--variant sandboxfusion
 
 # The state dir and the log are private (the server keeps them so); the token is printed
 # from its 0600 file, only on the run that created it, and never goes into the log.

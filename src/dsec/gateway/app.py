@@ -26,6 +26,7 @@ from dsec.gateway.routes import (files, fncall, images, jobs, network, sandboxes
                                  trajectory)
 from dsec.gateway.routes.common import Gateway
 from dsec.gateway.watcher import Watcher
+from dsec.integrations import sandboxfusion
 
 __all__ = ["create_app"]
 
@@ -90,6 +91,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(metrics.RequestMetrics)
+    sandboxfusion.install(app)  # outermost: its URL token becomes the header auth reads
     return app
 
 
