@@ -16,6 +16,9 @@ from dataclasses import dataclass
 __all__ = ["Recipe", "RECIPES", "UNAVAILABLE", "probe_script", "parse_probe", "source_for"]
 
 JUNIT = "/usr/share/java/junit-platform-console-standalone.jar"
+_BABEL_TS = "/usr/share/nodejs/@babel/preset-typescript"
+_JEST_CONFIG = ('{"transform": {"\\\\.[jt]sx?$": ["babel-jest", {"presets": ["%s"]}]}}'
+                % _BABEL_TS)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ RECIPES: dict[str, Recipe] = {
                     compile=f"javac -cp .:{JUNIT} *.java"),
     "nodejs": Recipe("main.js", "node main.js", _has("node")),
     "typescript": Recipe("main.ts", "ts-node --transpile-only main.ts", _has("ts-node")),
-    "jest": Recipe("main.test.js", "jest --ci --rootDir . main.test.js", _has("jest")),
+    # SandboxFusion's jest runs TypeScript tests through babel: Debian's preset, inline
+    "jest": Recipe("main.test.ts", f"jest --ci --config '{_JEST_CONFIG}' main.test.ts",
+                   f"{_has('jest')} && test -d {_BABEL_TS}"),
     "php": Recipe("main.php", "php -f main.php", _has("php")),
     "csharp": Recipe("main.cs", "mono main.exe", _has("mcs", "mono"),
                      compile="mcs -out:main.exe main.cs"),
