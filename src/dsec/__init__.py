@@ -12,13 +12,17 @@ from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArg
                              Unsupported)
 from dsec.api.fncall import FnCallResult
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
-from dsec.sdk import AsyncClient, AsyncSandbox, AsyncShell, Client, Sandbox, Shell
+from dsec.api.process import ProcessInfo
+from dsec.sdk import (AsyncClient, AsyncProcess, AsyncPty, AsyncSandbox, AsyncShell, Client,
+                      Process, Pty, Sandbox, Shell)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
+    "AsyncProcess", "Process", "AsyncPty", "Pty",
     "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
+    "ProcessInfo",
     "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
     "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Unavailable",
     "NodeLost", "RemoteError", "Internal",

@@ -20,7 +20,7 @@ import dsec
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("fastapi", "uvicorn", "uvloop", "starlette", "prometheus_client", "ray",
-               "structlog")
+               "structlog", "fastapi_offline", "zstandard")
 
 
 def _clean(env: dict[str, str]) -> dict[str, str]:

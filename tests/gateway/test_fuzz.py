@@ -83,10 +83,13 @@ def _aim(case, live: dict) -> None:
         t = body.get("timeout")
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             body["timeout"] = min(t, 3)
-        elif case.path.endswith(("/exec", "/exec/stream", "/run")):
+        elif case.path.endswith(("/exec", "/exec/stream", "/run", "/processes", "/wait")):
             body["timeout"] = 3  # absent (60 s) or None (none): a half-typed line waits
         if body.get("background") is True:
             body["background"] = False
+        ttl = body.get("timeout_s")
+        if case.path.endswith("/timeout") and isinstance(ttl, (int, float)):
+            body["timeout_s"] = max(ttl, 600)  # the live sandbox must outlive the fuzz
         if case.path == "/v1/sandboxes/batch" and isinstance(body.get("count"), int):
             body["count"] = min(body["count"], 2)
 

@@ -22,7 +22,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import dsec
 from dsec.api.models import SandboxInfo, ShellInfo
 from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell
+from dsec.api.process import ProcessInfo
 from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.process import AsyncProcess
+from dsec.sdk.pty import AsyncPty
 from dsec.sdk.sandbox import AsyncInput
 from tests.support.server import free_port
 
@@ -46,7 +49,9 @@ def _targets(client: AsyncClient):
     """(object, method name) for every public async method of every SDK class."""
     sb = AsyncSandbox(client, INFO)
     objects = [client, sb, sb.files, sb.input, client.jobs,
-               AsyncShell(client, ShellInfo(id="sh-1", sandbox_id=INFO.id))]
+               AsyncShell(client, ShellInfo(id="sh-1", sandbox_id=INFO.id)),
+               AsyncProcess(client, INFO.id, ProcessInfo(pid=7, cmd="x", started_at=0,
+                                                         running=True))]
     for obj in objects:
         for name, fn in vars(type(obj)).items():
             if obj is client and name == "close":
@@ -57,7 +62,8 @@ def _targets(client: AsyncClient):
 
 
 def test_every_sdk_class_is_covered():
-    classes = {AsyncClient, AsyncSandbox, AsyncShell, AsyncFiles, AsyncInput, AsyncJobs}
+    classes = {AsyncClient, AsyncSandbox, AsyncShell, AsyncFiles, AsyncInput, AsyncJobs,
+               AsyncProcess, AsyncPty}
     # every class the SDK's sync face wraps is one this test drives
     from dsec.sdk.sync import _WRAPPERS
     assert set(_WRAPPERS) <= classes, set(_WRAPPERS) - classes
@@ -103,6 +109,36 @@ async def test_closed_port_raises_unavailable_everywhere(tmp_path):
         for obj, name in targets:
             with pytest.raises(dsec.Unavailable, match="is it running"):
                 await _call(obj, name, samples)
+
+
+class _GarbageSocket:
+    """A terminal connection whose server sends what no dsec server would."""
+
+    def __init__(self, message) -> None:
+        self.message = message
+
+    async def recv(self):
+        if isinstance(self.message, Exception):
+            raise self.message
+        return self.message
+
+    async def send(self, message) -> None:
+        from websockets.exceptions import ConnectionClosed
+        raise ConnectionClosed(None, None)
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("message", ["{", "[1]", '{"exit": "x"', '"text"', ValueError("x")])
+async def test_pty_with_a_garbage_connection_raises_dsec_errors(message):
+    pty = AsyncPty(_GarbageSocket(message), INFO.id)
+    for call in (pty.read, pty.wait, lambda: pty.write("ls"), lambda: pty.resize(2, 2),
+                 pty.kill):
+        try:
+            await asyncio.wait_for(call(), 10)
+        except dsec.DSecError:
+            pass
 
 
 async def test_a_closed_client_says_so():

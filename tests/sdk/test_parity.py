@@ -8,12 +8,15 @@ import re
 import dsec
 from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell, Client
 from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.process import AsyncProcess
+from dsec.sdk.pty import AsyncPty
 from dsec.sdk.sandbox import AsyncInput
 from dsec.sdk.stubs import STUB_PATH, render
-from dsec.sdk.sync import _WRAPPERS, Files, Input, Jobs, Sandbox, Shell
+from dsec.sdk.sync import _WRAPPERS, Files, Input, Jobs, Process, Pty, Sandbox, Shell
 
 PAIRS = [(AsyncClient, Client), (AsyncSandbox, Sandbox), (AsyncShell, Shell),
-         (AsyncFiles, Files), (AsyncInput, Input), (AsyncJobs, Jobs)]
+         (AsyncFiles, Files), (AsyncInput, Input), (AsyncJobs, Jobs),
+         (AsyncProcess, Process), (AsyncPty, Pty)]
 
 
 def public_methods(cls):
@@ -59,6 +62,11 @@ def test_blocking_faces_return_blocking_types():
     assert ret[("Sandbox", "shell")] == "Shell"
     assert ret[("Sandbox", "exec_stream")] == "Iterator[ExecEvent]"
     assert ret[("Jobs", "attach")] == "list[Sandbox]"
+    assert ret[("Sandbox", "spawn")] == "Process"
+    assert ret[("Sandbox", "process")] == "Process"
+    assert ret[("Sandbox", "pty")] == "Pty"
+    assert ret[("Process", "stream")] == "Iterator[ExecEvent]"
+    assert ret[("Pty", "output")] == "Iterator[bytes]"
     assert not [k for k, v in ret.items() if "Async" in str(v)]
 
 
@@ -70,7 +78,7 @@ def test_shipped_stub_is_current():
 def test_public_names():
     assert set(dsec.__all__) == {
         "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
-        "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
+        "AsyncProcess", "Process", "AsyncPty", "Pty", "ProcessInfo", "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
         "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
         "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
         "Unavailable", "NodeLost", "RemoteError", "Internal"}

@@ -11,8 +11,8 @@ import binascii
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, Field, PlainSerializer, PlainValidator, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator,
+                      field_validator, model_validator)
 
 from dsec.api.errors import RemoteError, SandboxTimeout
 from dsec.api.limits import DEFAULT_LIMITS as _L, RequestModel, check_argv, check_env
@@ -51,6 +51,9 @@ def _relative(path: str) -> str:
 
 class FnCallRequest(RequestModel):
     """One stateless call: ``code`` in ``language``, or a pickled Python ``callable``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"language": "python", "code": "print(1 + 1)", "timeout": 5}]})
 
     language: Language = Field("python", description="python, bash, sh, c or cpp")
     code: str | None = Field(None, max_length=1 << 22, description="source code to run")

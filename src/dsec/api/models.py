@@ -11,7 +11,7 @@ import binascii
 import os
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, check_cmd,
                              check_env, check_labels, check_path, check_user)
@@ -100,6 +100,10 @@ class NetworkPolicy(_Request):
 class SandboxSpec(_Request):
     """Everything needed to create one sandbox."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"backend": "container", "image": "busybox", "cpu": 1, "memory_mb": 512,
+         "ttl_s": 3600, "job": "run-17", "labels": {"task": "swe-42"}}]})
+
     backend: Backend = Field("container", description="which isolation backend runs it")
     image: str = Field("busybox", min_length=1, max_length=256,
                        description="image name or tag, e.g. 'busybox' or 'python:3.11'")
@@ -186,6 +190,10 @@ def check_protected_path(path: str) -> str:
 class CreateManyRequest(_Request):
     """Create ``count`` sandboxes from one spec, placed and started concurrently."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"count": 32, "spec": {"image": "busybox", "memory_mb": 256, "job": "run-17"},
+         "request_id": "ep3-batch"}]})
+
     count: int = Field(ge=1, le=100_000)
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
     request_id: str | None = Field(
@@ -245,6 +253,9 @@ class TarWritten(BaseModel):
 
 class ExecRequest(_Request):
     """One command. ``cmd`` as a string runs under ``/bin/sh -c``; a list runs as argv."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"cmd": "echo hello; ls /", "cwd": "/tmp", "env": {"X": "1"}, "timeout": 10}]})
 
     cmd: str | list[str] = Field(
         description=f"shell string or argv list: at most {_L.argv} argv entries and "
@@ -333,6 +344,9 @@ class ShellInfo(BaseModel):
 
 
 class ShellRunRequest(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"cmd": "cd /repo && export X=1", "timeout": 10}]})
+
     cmd: str = Field(min_length=1, description=f"a line for the shell; at most {_L.cmd_bytes} "
                                                "bytes (node limits.cmd_bytes)")
     timeout: float | None = Field(60.0, gt=0, le=86400)
@@ -376,6 +390,9 @@ class NodeInfo(BaseModel):
 
 
 class PackDiffRequest(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"tag": "workspace/myrepo:v1", "exclude": ["/tmp"]}]})
+
     tag: str = Field(min_length=1, max_length=256)
     exclude: list[str] = Field(default_factory=list, max_length=1024,
                                description="paths left out of the layer")

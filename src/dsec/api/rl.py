@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.limits import RequestModel
 
@@ -67,6 +67,9 @@ class AuditList(BaseModel):
 class NetworkRequest(_Request):
     """New egress permissions for a running sandbox; names come from the node's config."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"allow": {"pypi": True}}]})
+
     allow: dict[str, bool] = Field(default_factory=dict,
                                    description="permission name -> allowed; {} is loopback only")
 
@@ -90,6 +93,9 @@ class NetworkStatus(BaseModel):
 
 class HeartbeatRequest(_Request):
     """Renew a job's lease. When it lapses the job is paused; later, stopped."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"lease_s": 60, "stop_after_s": 3600}]})
 
     lease_s: float = Field(60.0, gt=0, le=86400,
                            description="pause the job's sandboxes if no heartbeat this long")

@@ -14,14 +14,15 @@ import sys
 from typing import Annotated
 
 import typer
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 import dsec
-from dsec.api.errors import Internal, SandboxStopped, Unauthorized, error_from_wire
+from dsec.api.errors import SandboxStopped, error_from_wire
 from dsec.cli.common import cli_errors, exit_status, fail
 from dsec.cli.terminal import RawTerminal, terminal_size
 from dsec.sdk.client import default_token, default_url
+from dsec.sdk.pty import open_pty
 
 __all__ = ["shell", "run_pty"]
 
@@ -41,23 +42,11 @@ def shell(sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="sandbox 
     raise typer.Exit(code)
 
 
-def _ws_url(url: str, sandbox_id: str, rows: int, cols: int) -> str:
-    base = "wss://" + url[8:] if url.startswith("https://") else "ws://" + url.split("://", 1)[-1]
-    return f"{base}/v1/sandboxes/{sandbox_id}/pty?rows={rows}&cols={cols}"
-
-
 async def run_pty(url: str, token: str | None, sandbox_id: str, in_fd: int, out_fd: int) -> int:
     """Relay ``in_fd``/``out_fd`` to a pty in the sandbox until its shell exits; returns
     the shell's exit code. A terminal on ``in_fd`` is in raw mode meanwhile."""
     rows, cols = terminal_size(in_fd, out_fd)
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    try:
-        ws = await connect(_ws_url(url, sandbox_id, rows, cols), additional_headers=headers,
-                           max_size=None)
-    except InvalidStatus as exc:
-        if exc.response.status_code in (401, 403):
-            raise Unauthorized("missing or wrong bearer token") from exc
-        raise Internal(f"terminal connection refused: HTTP {exc.response.status_code}") from exc
+    ws = await open_pty(url, token, sandbox_id, rows, cols)  # the SDK's sb.pty() connection
     async with ws:
         with RawTerminal(in_fd):
             return await _relay(ws, in_fd, out_fd)

@@ -23,8 +23,11 @@ from dsec.api.fncall import FnCallBatch, FnCallBatchResult, FnCallRequest, FnCal
 from dsec.api.models import (CreateManyRequest, ExecEvent, ExecRequest, ExecResult, FileInfo,
                              FileList, ImageSummary, InputRequest, NodeInfo, PackDiffRequest,
                              SandboxInfo, SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
+from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
+                              SignalRequest, StdinRequest, TimeoutRequest)
 from dsec.api.rl import (AuditList, HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
                          TrajectoryPage)
+from dsec.api.tracing import REQUEST_ID
 from dsec.gateway import metrics
 from dsec.placement.admission import NodeLoad
 from dsec.sdk.transport import FastTransport
@@ -132,6 +135,8 @@ class HttpNodeClient:
         # layers cost about a fifth of the gateway's CPU per relayed request, and a node
         # answers none of them.
         kw.setdefault("headers", self._headers)
+        if rid := REQUEST_ID.get():  # the node's log lines carry the gateway's request id
+            kw["headers"] = {**kw["headers"], "x-request-id": rid}
         req = httpx.Request(method, self.url + path, extensions={"timeout": self._timeout},
                             **kw)
         for attempt in (0, 1):
@@ -213,6 +218,11 @@ class HttpNodeClient:
     async def resume(self, sb_id: str) -> SandboxInfo:
         return await self._model(SandboxInfo, "POST", f"/v1/sandboxes/{sb_id}/resume")
 
+    async def set_timeout(self, sb_id: str, timeout_s: float) -> SandboxInfo:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/timeout",
+                                      TimeoutRequest(timeout_s=timeout_s))
+        return SandboxInfo.model_validate_json(resp.content)
+
     # ---- commands ----
     async def _post_model(self, path: str, model) -> httpx.Response:
         return await self._send("POST", path, content=model.model_dump_json(),
@@ -237,6 +247,47 @@ class HttpNodeClient:
             raise self._lost(exc) from exc
         finally:
             await resp.aclose()
+
+    # ---- background processes ----
+    async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/processes", req)
+        return ProcessInfo.model_validate_json(resp.content)
+
+    async def process_list(self, sb_id: str) -> list[ProcessInfo]:
+        body = await self._json("GET", f"/v1/sandboxes/{sb_id}/processes")
+        return ProcessList.model_validate(body).processes
+
+    async def process_get(self, sb_id: str, pid: int) -> ProcessInfo:
+        return ProcessInfo.model_validate(
+            await self._json("GET", f"/v1/sandboxes/{sb_id}/processes/{pid}"))
+
+    async def process_events(self, sb_id: str, pid: int, since: int
+                             ) -> AsyncIterator[ExecEvent]:
+        resp = await self._send("GET", f"/v1/sandboxes/{sb_id}/processes/{pid}/events",
+                                stream=True, params={"since": since})
+        try:
+            async for line in resp.aiter_lines():
+                if line:
+                    body = json.loads(line)
+                    if "error" in body and "type" not in body:
+                        raise error_from_wire(body, 500)
+                    yield ExecEvent.model_validate(body)
+        except httpx.TransportError as exc:
+            raise self._lost(exc) from exc
+        finally:
+            await resp.aclose()
+
+    async def process_wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo:
+        resp = await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/wait",
+                                      ProcessWaitRequest(timeout=timeout))
+        return ProcessInfo.model_validate_json(resp.content)
+
+    async def process_signal(self, sb_id: str, pid: int, signal: int) -> None:
+        await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/signal",
+                               SignalRequest(signal=signal))
+
+    async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None:
+        await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/stdin", req)
 
     async def shell_open(self, sb_id: str) -> ShellInfo:
         return ShellInfo.model_validate(await self._json("POST",

@@ -21,6 +21,7 @@ from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxSpec, ShellInfo, ShellRunRequest)
+from dsec.api.process import ProcessInfo, ProcessRequest, StdinRequest
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.cluster.base import node_short_of
 from dsec.node.config import NodeConfig
@@ -159,6 +160,9 @@ class LocalNodeClient:
     async def resume(self, sb_id: str) -> SandboxInfo:
         return await self.node.resume(sb_id)
 
+    async def set_timeout(self, sb_id: str, timeout_s: float) -> SandboxInfo:
+        return await self.node.set_timeout(sb_id, timeout_s)
+
     # ---- commands ----
     async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
         return await self.node.exec(sb_id, req)
@@ -168,6 +172,36 @@ class LocalNodeClient:
 
     async def shell_open(self, sb_id: str) -> ShellInfo:
         return await self.node.shell_open(sb_id)
+
+    # ---- background processes ----
+    async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
+        return await self.node.process_start(sb_id, req)
+
+    async def process_list(self, sb_id: str) -> list[ProcessInfo]:
+        self.node.record(sb_id)  # an unknown (or expired) sandbox says so
+        return self.node.processes.list(sb_id)
+
+    async def process_get(self, sb_id: str, pid: int) -> ProcessInfo:
+        self.node.record(sb_id)
+        return self.node.processes.get(sb_id, pid)
+
+    async def process_events(self, sb_id: str, pid: int, since: int
+                             ) -> AsyncIterator[ExecEvent]:
+        self.node.record(sb_id)
+        async for ev in self.node.processes.events(sb_id, pid, since):
+            yield ev
+
+    async def process_wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo:
+        self.node.record(sb_id)
+        return await self.node.processes.wait(sb_id, pid, timeout)
+
+    async def process_signal(self, sb_id: str, pid: int, signal: int) -> None:
+        self.node.record(sb_id)
+        await self.node.processes.signal(sb_id, pid, signal)
+
+    async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None:
+        self.node.record(sb_id)
+        await self.node.processes.stdin(sb_id, pid, req.data, req.close)
 
     async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
         return await self.node.shell_run(sb_id, sh_id, req)

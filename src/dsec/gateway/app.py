@@ -15,15 +15,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dsec import __version__
 from dsec.api.errors import NodeLost
 from dsec.api.limits import DEFAULT_LIMITS
 from dsec.cluster.base import Cluster
 from dsec.gateway import metrics
 from dsec.gateway.auth import BearerAuth
 from dsec.gateway.guard import RequestGuard, install_error_handlers
+from dsec.gateway.logs import RequestIds
+from dsec.gateway.openapi import DocsPages, install_openapi, operation_id
 from dsec.gateway.placer import Placer
-from dsec.gateway.routes import (files, fncall, images, jobs, network, sandboxes, streams,
-                                 trajectory)
+from dsec.gateway.routes import (files, fncall, images, jobs, network, processes, sandboxes,
+                                 streams, trajectory)
 from dsec.gateway.routes.common import Gateway
 from dsec.gateway.watcher import Watcher
 from dsec.integrations import sandboxfusion
@@ -58,8 +61,9 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
             if close_cluster:
                 await cluster.close()
 
-    app = FastAPI(title="dsec", version="0.1.0", lifespan=lifespan,
-                  description=_DESCRIPTION, **_no_otel())
+    app = FastAPI(title="dsec", version=__version__, lifespan=lifespan,
+                  description=_DESCRIPTION, docs_url=None, redoc_url=None,
+                  generate_unique_id_function=operation_id, **_no_otel())
     app.state.gateway = gateway
     install_error_handlers(app)
 
@@ -85,13 +89,17 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
                 metrics.NODE_SANDBOXES.labels(view.node_id).set(view.load.sandboxes)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (sandboxes, files, streams, fncall, jobs, network, trajectory, images):
-        app.include_router(module.router)
+    for module in (sandboxes, processes, files, streams, fncall, jobs, network, trajectory,
+                   images):
+        app.include_router(module.router, tags=[module.__name__.rsplit(".", 1)[-1]])
     _mount_images(app, cluster)
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
     app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(DocsPages)  # outside the bearer check: a browser sends no header
+    app.add_middleware(RequestIds)  # every request's log lines carry its id
     app.add_middleware(metrics.RequestMetrics)
     sandboxfusion.install(app)  # outermost: its URL token becomes the header auth reads
+    install_openapi(app)
     return app
 
 
@@ -111,4 +119,4 @@ def _mount_images(app: FastAPI, cluster: Cluster) -> None:
         return
     images = cluster.image_store()
     if images is not None:
-        app.include_router(blob_router(images))
+        app.include_router(blob_router(images), tags=["blobs"])

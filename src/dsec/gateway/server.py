@@ -7,9 +7,11 @@ import logging
 import os
 from pathlib import Path
 
+import structlog
 import uvicorn
 
 from dsec.cluster.local import LocalCluster
+from dsec.gateway import logs
 from dsec.gateway.app import create_app
 from dsec.gateway.auth import load_or_create_token
 from dsec.node.config import NodeConfig
@@ -18,6 +20,7 @@ __all__ = ["serve", "secure_state_dir", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 7070
 log = logging.getLogger("dsec.gateway")
+slog = structlog.get_logger("dsec.gateway")
 
 
 async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> None:
@@ -27,9 +30,10 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     _write_private(config.state_dir / "url", f"http://{host}:{port}\n")
     app = create_app(cluster, token)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False, ws="websockets-sansio"))
-    print(f"dsec: serving on http://{host}:{port} (node {cluster.node.node_id}, "
-          f"{len(cluster.node.records)} sandboxes recovered)", flush=True)
+                                           access_log=False, ws="websockets-sansio",
+                                           log_config=None))  # logs.configure's JSON
+    slog.info(f"dsec: serving on http://{host}:{port}", url=f"http://{host}:{port}",
+              node=cluster.node.node_id, sandboxes_recovered=len(cluster.node.records))
     await server.serve()
 
 
@@ -53,8 +57,9 @@ async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: 
     _write_private(state_dir / "url", f"http://{host}:{port}\n")
     server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
                                            log_level="warning", access_log=False,
-                                           ws="websockets-sansio"))
-    print(f"dsec: gateway on http://{host}:{port} over {over}", flush=True)
+                                           ws="websockets-sansio", log_config=None))
+    slog.info(f"dsec: gateway on http://{host}:{port} over {over}",
+              url=f"http://{host}:{port}", over=over)
     await server.serve()
 
 
@@ -72,8 +77,7 @@ def _token(state_dir: Path) -> str:
     secure_state_dir(state_dir)
     token, created = load_or_create_token(state_dir)
     if created:
-        print(f"dsec: new API token created; it is in {state_dir / 'token'} (mode 0600)",
-              flush=True)
+        slog.info("dsec: new API token created", path=str(state_dir / "token"), mode="0600")
     return token
 
 
@@ -108,6 +112,7 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
           node_urls: list[str] | None = None, registry: dict | None = None) -> None:
     """Run the embedded server (or, with ``ray_address``, a gateway over a Ray cluster;
     with ``node_urls``, a gateway over the node agents' APIs at those URLs)."""
+    logs.configure(logging.INFO)  # JSON lines, each with its request's id
     if ray_address is not None or node_urls:
         sd = state_dir or NodeConfig().state_dir
         sd.mkdir(parents=True, exist_ok=True)
@@ -134,7 +139,6 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
     if trajectory:
         from dsec.trajectory.retention import TrajectoryRetention
         kwargs["trajectory"] = TrajectoryRetention(**trajectory)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     _run(_serve(NodeConfig(**kwargs), host, port))
 
 

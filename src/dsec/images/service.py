@@ -32,9 +32,9 @@ __all__ = ["ImageService"]
 BUSYBOX_TAG = "busybox:latest"
 # What every "image not found" says: the ways to get one onto the node.
 IMAGE_HINT = ("Get it onto the node: `make images` (or `make run`) builds busybox and "
-              "debian:12 (also tagged python:3.11); `dsec image import TAR --tag NAME` takes "
-              "an OCI layout or a `docker save` tar; `dsec image build FILE.toml` builds on "
-              "busybox; `dsec image push NAME --to URL`, run where the image is, sends it here")
+              "debian:12 (also tagged python:3.11); `dsec image pull HOST/REPO:TAG` takes "
+              "one from an OCI registry; `dsec image import TAR --tag NAME` an OCI layout "
+              "or a `docker save` tar; `dsec image build FILE.toml` builds on busybox")
 
 
 class ImageService:
@@ -92,8 +92,11 @@ class ImageService:
         """
         ref = normalize_ref(ref)
         digest = self.sources.fetch_manifest(ref)
-        if digest is None:
+        if digest is None and self.sources.remote is None:
             raise NotFound(f"image {ref!r}: no remote layer store is configured")
+        if digest is None:
+            raise NotFound(f"image {ref!r} is in neither this node's store nor the remote "
+                           f"layer store. {IMAGE_HINT}")
         self.store.set_tag(ref, digest)
         return digest
 

@@ -17,7 +17,7 @@ import codecs
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from dsec.api.errors import InvalidArgument, SandboxStopped
@@ -111,12 +111,16 @@ def check_spawn(spawn: SpawnRequest) -> None:
 
 
 async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
-                      stream: bool = True) -> AsyncIterator[ExecEvent]:
+                      stream: bool = True,
+                      on_start: Callable[[AgentProcess], None] | None = None,
+                      keep_stdin: bool = False) -> AsyncIterator[ExecEvent]:
     """Yield output chunks as they come, then one ``exit`` event with the result.
 
     A stream's result carries at most :data:`STREAM_KEPT` bytes of each stream (its chunks
     went by already). With ``stream=False`` only the exit is yielded, and its result keeps
-    the output up to ``max_output``."""
+    the output up to ``max_output``. ``on_start`` gets the process once it runs (a
+    background process's handle signals it); ``keep_stdin`` leaves its stdin open after
+    ``req.stdin`` for later writes."""
     user = req.user or rec.runtime.get("image_user", "root")
     if user.replace(":", "").isdigit() or user == "root":
         spawn = build_spawn(backend, rec, req)  # no file to read: skip the thread hop
@@ -126,15 +130,19 @@ async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
     oom_before = backend.oom_kills(rec)
     t0 = time.perf_counter()
     try:
-        proc = await AgentProcess.start(backend.connector(rec), spawn, no_stdin=not req.stdin)
+        proc = await AgentProcess.start(backend.connector(rec), spawn,
+                                        no_stdin=not (req.stdin or keep_stdin))
     except AgentGone as exc:
         raise SandboxStopped(f"sandbox {rec.id} is not answering: {exc}") from exc
+    if on_start is not None:
+        on_start(proc)
     if req.background:
         proc.close()
         yield ExecEvent(type="exit", result=ExecResult(exit_code=0, pid=proc.pid))
         return
     # No stdin: it was closed with the spawn, and no task is needed to feed it.
-    feeder = asyncio.create_task(_feed_stdin(proc, stdin)) if req.stdin else None
+    feeder = asyncio.create_task(_feed_stdin(proc, stdin, close=not keep_stdin)) \
+        if req.stdin else None
     try:
         async for ev in _relay(proc, req, stream, t0, backend, rec, oom_before, feeder):
             yield ev
@@ -144,13 +152,14 @@ async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
         proc.close()
 
 
-async def _feed_stdin(proc: AgentProcess, frames: Iterator[bytes]) -> None:
+async def _feed_stdin(proc: AgentProcess, frames: Iterator[bytes], close: bool = True) -> None:
     """Send stdin beside the output loop, draining after each frame, then close it."""
     try:
         for frame in frames:
             proc.write_stdin(frame)
             await proc.drain()
-        proc.close_stdin()
+        if close:
+            proc.close_stdin()
         await proc.drain()
     except AgentGone:
         pass  # the output loop reports the end of the command or of the sandbox

@@ -19,6 +19,7 @@ from dsec.api import limits
 from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
                              Unsupported)
 from dsec.api.fncall import FnCallRequest, FnCallResult
+from dsec.api.process import ProcessInfo, ProcessRequest
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
                              NodeInfo, PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
                              ShellRunRequest)
@@ -26,7 +27,9 @@ from dsec.node import metrics
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
+from dsec.node.ended import EndedSandboxes
 from dsec.node.pool import WarmPool
+from dsec.node.processes import Processes
 from dsec.node.records import Records
 from dsec.node.shells import ShellSession
 from dsec.node.store import NodeStore
@@ -58,6 +61,8 @@ class NodeService:
         self.records = Records()
         self._gauges_at = 0.0
         self.shells: dict[str, ShellSession] = {}
+        self.processes = Processes()
+        self.ended = EndedSandboxes()  # what expired lately answers "expired", not "not found"
         self._reaper: asyncio.Task | None = None
         self.pool = WarmPool(config.warm_pool)
         self._filler: asyncio.Task | None = None
@@ -163,18 +168,21 @@ class NodeService:
                 continue
             if rec.expires_at is not None and now >= rec.expires_at:
                 await self.stop(rec.id)
+                self.ended.remember(rec.id, "expired (its timeout ran out)")
             elif rec.spec.idle_ttl_s and now - rec.last_active_at >= rec.spec.idle_ttl_s:
                 if rec.spec.on_idle == "pause":
                     if rec.state == "running":
                         await self.pause(rec.id)
                 else:
                     await self.stop(rec.id)
+                    self.ended.remember(rec.id, f"expired (idle for {rec.spec.idle_ttl_s:g}s, "
+                                                "its idle_ttl_s)")
 
     # ---- lookup ----
     def _get(self, sb_id: str) -> SandboxRecord:
         rec = self.records.get(sb_id)
         if rec is None:
-            raise NotFound(f"sandbox {sb_id} not found")
+            raise self.ended.error(sb_id) or NotFound(f"sandbox {sb_id} not found")
         return rec
 
     def info(self, rec: SandboxRecord) -> SandboxInfo:
@@ -379,8 +387,11 @@ class NodeService:
         return made, errors
 
     async def stop(self, sb_id: str) -> None:
+        if sb_id not in self.records and sb_id in self.ended:
+            return  # it expired and was stopped already: stopping it again is done
         rec = self._get(sb_id)
         rec.state = "stopped"
+        self.processes.drop(sb_id)
         for sh_id in [k for k, s in self.shells.items() if s.sandbox_id == sb_id]:
             self.shells.pop(sh_id).close()
         await keep_network_audit(self, rec)
@@ -391,6 +402,15 @@ class NodeService:
             self.records.pop(sb_id, None)
             self.store.delete(sb_id)
             self.trajectory.ended(sb_id)
+
+    async def set_timeout(self, sb_id: str, timeout_s: float) -> SandboxInfo:
+        """The sandbox now stops ``timeout_s`` seconds from now (longer or shorter)."""
+        rec = self._get(sb_id)
+        if rec.state not in LIVE:
+            raise SandboxStopped(f"sandbox {sb_id} is {rec.state}")
+        rec.expires_at = time.time() + timeout_s
+        self.store.put(rec)
+        return self.info(rec)
 
     async def pause(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
@@ -431,6 +451,14 @@ class NodeService:
         backend, rec = await self._active(sb_id)
         async for ev in backend.exec_events(rec, req):
             yield ev
+
+    async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
+        """Start a background process, kept and followed by pid (node/processes.py)."""
+        backend, rec = await self._active(sb_id)
+        if rec.spec.backend == "fncall":
+            raise Unsupported(f"sandbox {sb_id} is fncall: a stateless worker runs no "
+                              "background processes")
+        return await self.processes.start(backend, rec, self._bounded(req))
 
     async def shell_open(self, sb_id: str) -> ShellInfo:
         backend, rec = await self._active(sb_id)

@@ -157,7 +157,12 @@ async def raise_for_status(resp: httpx.Response) -> None:
         body: object = json.loads(resp.content)
     except ValueError:
         body = resp.text[:500]
-    raise error_from_wire(body, resp.status_code)
+    err = error_from_wire(body, resp.status_code)
+    rid = resp.headers.get("x-request-id")
+    if rid and resp.status_code >= 500:  # the line to look for in the server's log
+        err.message += f" (request {rid})"
+        err.args = (err.message,)
+    raise err
 
 
 async def lines(resp: httpx.Response) -> AsyncIterator[dict]:

@@ -87,14 +87,18 @@ class AsyncClient:
         await raise_for_status(resp)
         return resp
 
-    async def _stream_lines(self, path: str, body: dict) -> AsyncIterator[dict]:
+    async def _stream_lines(self, path: str, body: dict | None, method: str = "POST",
+                            params: dict | None = None) -> AsyncIterator[dict]:
+        if self._http.is_closed:
+            raise InvalidArgument("this client is closed; make a new one")
         try:
-            async with self._http.stream("POST", path, json=body, timeout=None) as resp:
+            async with self._http.stream(method, path, json=body, params=params,
+                                         timeout=None) as resp:
                 await raise_for_status(resp)
                 async for line in lines(resp):
                     yield line
         except httpx.HTTPError as exc:
-            raise translate(exc, f"POST {path}", self.url) from exc
+            raise translate(exc, f"{method} {path}", self.url) from exc
 
     # ---- sandboxes ----
     async def create(self, backend: Literal["container", "microvm", "vm", "fncall"] = "container",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import httpx
 
+from dsec.api.errors import NotFound
 from dsec.api.models import FileInfo, FileList, TarWritten
 from dsec.sdk.boundary import guarded, parse, raise_for_status, translate
 
@@ -78,6 +79,14 @@ class AsyncFiles:
         except httpx.HTTPError as exc:
             raise translate(exc, f"download {path}", self._client.url) from exc
         return n
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists in the sandbox (E2B's ``files.exists``)."""
+        try:
+            await self.stat(path)
+        except NotFound:
+            return False
+        return True
 
     async def stat(self, path: str) -> FileInfo:
         resp = await self._client._request("GET", f"{self._base}/stat", params={"path": path})

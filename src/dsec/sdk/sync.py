@@ -17,10 +17,12 @@ from typing import Any
 
 from dsec.sdk.client import AsyncClient
 from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.process import AsyncProcess
+from dsec.sdk.pty import AsyncPty
 from dsec.sdk.sandbox import AsyncFiles, AsyncInput, AsyncSandbox, AsyncShell
 
-__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs", "sync_annotation",
-           "sync_signature"]
+__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs", "Process", "Pty",
+           "sync_annotation", "sync_signature"]
 
 
 class _Loop:
@@ -143,6 +145,8 @@ def _sync_class(async_cls: type, name: str, doc: str) -> type:
 
 
 Files = _sync_class(AsyncFiles, "Files", AsyncFiles.__doc__ or "")
+Process = _sync_class(AsyncProcess, "Process", AsyncProcess.__doc__ or "")
+Pty = _sync_class(AsyncPty, "Pty", AsyncPty.__doc__ or "")
 Input = _sync_class(AsyncInput, "Input", AsyncInput.__doc__ or "")
 Jobs = _sync_class(AsyncJobs, "Jobs", AsyncJobs.__doc__ or "")
 Shell = _sync_class(AsyncShell, "Shell", AsyncShell.__doc__ or "")

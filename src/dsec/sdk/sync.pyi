@@ -6,11 +6,13 @@ import builtins
 from collections.abc import Callable, Coroutine, Iterator
 from dsec.api.fncall import FnCallRequest, FnCallResult, Language
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, ImageSummary, NodeInfo, SandboxInfo
+from dsec.api.process import ProcessInfo
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
+from dsec.sdk.process import OutputCallback
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
 
-__all__ = ["Client", "Files", "Input", "Jobs", "Sandbox", "Shell"]
+__all__ = ["Client", "Files", "Input", "Jobs", "Process", "Pty", "Sandbox", "Shell"]
 
 T = TypeVar("T")
 
@@ -69,6 +71,8 @@ class Files:
     def download(self, path: str, local: str | Path | BinaryIO) -> int:
         """Stream a sandbox file to a local file (a path, or a binary file object such as
         ``sys.stdout.buffer``); returns the bytes written."""
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists in the sandbox (E2B's ``files.exists``)."""
     def stat(self, path: str) -> FileInfo:
         ...
     def list(self, path: str = '/') -> builtins.list[FileInfo]:
@@ -117,6 +121,48 @@ class Jobs:
         and ``stop_after_s`` after that, stopped."""
 
 
+class Process:
+    """A command running in the background in a sandbox, known by its pid."""
+    pid: int
+    sandbox_id: str
+    info: ProcessInfo
+    def refresh(self) -> ProcessInfo:
+        """Its state now, with the output kept so far (``stdout``, ``stderr``)."""
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the end; the result carries the kept output. A non-zero exit is a
+        result; still running after ``timeout`` seconds raises :class:`SandboxTimeout`
+        (the process goes on)."""
+    def kill(self, signal: int = 9) -> None:
+        """Send ``signal`` (SIGKILL by default) to the process group."""
+    def send_stdin(self, data: bytes | str, close: bool = False) -> None:
+        """Write to its stdin (it was started with ``stdin_open=True``)."""
+    def close_stdin(self) -> None:
+        """Close its stdin: a program reading it sees the end of input."""
+    def stream(self, since: int = 0) -> Iterator[ExecEvent]:
+        """Its output chunks from the ``since``-th on (kept ones first, then live), then
+        one ``exit`` event. Any number of followers may read one process."""
+
+
+class Pty:
+    """A shell on a pseudo-terminal: :meth:`write` keys, :meth:`read` the screen's bytes,
+    :meth:`resize` it; ``exit_code`` is set once the shell exited."""
+    sandbox_id: str
+    exit_code: int | None
+    def write(self, data: bytes | str) -> None:
+        """Send keys (``"ls\n"``; ``b"\x03"`` is Ctrl-C)."""
+    def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size (the shell gets SIGWINCH)."""
+    def read(self, timeout: float | None = None) -> bytes:
+        """The next output bytes; ``b""`` once the shell has exited (see ``exit_code``).
+        Nothing within ``timeout`` seconds raises :class:`SandboxTimeout`."""
+    def output(self) -> Iterator[bytes]:
+        """Every output chunk until the shell exits."""
+    def wait(self, timeout: float | None = None) -> int:
+        """Read (and drop) output until the shell exits; its exit code."""
+    def kill(self) -> None:
+        """End the terminal: the gateway kills its shell when the connection closes."""
+
+
 class Sandbox:
     """One sandbox. Obtain it from ``client.create(...)`` or ``client.get(id)``."""
     id: str
@@ -125,10 +171,28 @@ class Sandbox:
     input: Input
     def refresh(self) -> SandboxInfo:
         """Fetch the current state from the server."""
-    def exec(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, user: str | None = None, stdin: bytes | str | None = None, timeout: float | None = 60.0, max_output: int = 1048576, background: bool = False, step: str | None = None, grading: bool = False) -> ExecResult:
+    def exec(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, user: str | None = None, stdin: bytes | str | None = None, timeout: float | None = 60.0, max_output: int = 1048576, background: bool = False, step: str | None = None, grading: bool = False, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run a command to completion. A string runs under ``/bin/sh -c``; a list as argv."""
-    def exec_stream(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, user: str | None = None, stdin: bytes | str | None = None, timeout: float | None = 600.0, max_output: int = 1048576, step: str | None = None, grading: bool = False) -> Iterator[ExecEvent]:
-        """Yield stdout/stderr chunks as they are written, then one ``exit`` event."""
+    def exec_stream(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, user: str | None = None, stdin: bytes | str | None = None, timeout: float | None = 600.0, max_output: int = 1048576, step: str | None = None, grading: bool = False, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> Iterator[ExecEvent]:
+        """Yield stdout/stderr chunks as they are written, then one ``exit`` event;
+        ``on_stdout``/``on_stderr`` are called with each chunk too."""
+    def spawn(self, cmd: str | builtins.list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, user: str | None = None, stdin: bytes | str | None = None, stdin_open: bool = False, timeout: float | None = None, max_output: int = 1048576, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> Process:
+        """Start a command in the background and return its handle at once: ``wait()``,
+        ``kill()``, ``send_stdin()`` (with ``stdin_open=True``), ``stream()``, and the
+        output kept on the node (``refresh()``). ``on_stdout``/``on_stderr`` get each
+        chunk as it is written. ``timeout`` (none by default) kills it when it runs past."""
+    def process(self, pid: int, on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> Process:
+        """The handle of a background process by its pid (reconnect from any client, e.g.
+        after a restart); callbacks get its output from the start, then as it comes."""
+    def processes(self) -> builtins.list[ProcessInfo]:
+        """Background processes, running and recently ended (without their output)."""
+    def pty(self, rows: int = 24, cols: int = 80) -> Pty:
+        """An interactive shell on a pseudo-terminal (what ``dsec shell`` opens):
+        ``write()``, ``read()``, ``resize()``, ``wait()``."""
+    def set_timeout(self, timeout_s: float) -> SandboxInfo:
+        """The sandbox now stops ``timeout_s`` seconds from now (later or sooner than
+        its ``ttl_s`` said). A sandbox that ran out answers ``SandboxStopped`` saying it
+        expired."""
     def shell(self) -> Shell:
         """A shell session: cwd and exported variables persist between ``run`` calls."""
     def screenshot(self) -> bytes:

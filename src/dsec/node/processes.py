@@ -1,0 +1,167 @@
+"""Background processes of a node's sandboxes: started, kept and followed by pid.
+
+Each process runs :func:`~dsec.node.execution.exec_events` in a task of the node, so its
+output is read as it comes (a flood cannot stall it) and kept, up to ``max_output`` per
+stream, as the list of chunks a follower replays from any position before it waits for
+the next. A handle in any client (``sb.process(pid)``) reads the same record. Records of
+ended processes are kept for :data:`KEEP_ENDED` per sandbox, then the oldest go. The
+record lives in the node agent's memory: a node restart ends the processes with their
+agent connections (the in-sandbox agent kills a command whose connection dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from dsec.api.errors import NotFound
+from dsec.api.models import ExecEvent, ExecResult
+from dsec.api.process import ProcessInfo, ProcessRequest
+from dsec.node.agent.client import AgentGone, AgentProcess
+from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.execution import exec_events
+
+__all__ = ["Processes", "KEEP_ENDED"]
+
+KEEP_ENDED = 64
+
+
+@dataclass
+class _Process:
+    cmd: str | list[str]
+    started_at: float
+    proc: AgentProcess | None = None
+    events: list[ExecEvent] = field(default_factory=list)
+    result: ExecResult | None = None
+    task: asyncio.Task | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc and self.proc.pid is not None else -1
+
+    def add(self, ev: ExecEvent) -> None:
+        if ev.type == "exit":
+            self.result = ev.result.model_copy(update={"stdout": "", "stderr": ""}) \
+                if ev.result else ExecResult(exit_code=-1)
+        else:
+            self.events.append(ev)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def info(self, output: bool) -> ProcessInfo:
+        out = {"stdout": "", "stderr": ""}
+        if output:
+            for ev in self.events:
+                out[ev.type] += ev.data
+        r = self.result
+        return ProcessInfo(pid=self.pid, cmd=self.cmd, started_at=self.started_at,
+                           running=r is None, result=r, stdout=out["stdout"],
+                           stderr=out["stderr"],
+                           stdout_truncated=bool(r and r.stdout_truncated),
+                           stderr_truncated=bool(r and r.stderr_truncated))
+
+    async def follow(self, since: int) -> AsyncIterator[ExecEvent]:
+        i = since
+        while True:
+            while i < len(self.events):
+                yield self.events[i]
+                i += 1
+            if self.result is not None:
+                yield ExecEvent(type="exit", result=self.result)
+                return
+            await self._changed.wait()
+
+
+class Processes:
+    """Every background process of one node, by sandbox and pid."""
+
+    def __init__(self) -> None:
+        self._by_sandbox: dict[str, dict[int, _Process]] = {}
+
+    async def start(self, backend: Backend, rec: SandboxRecord,
+                    req: ProcessRequest) -> ProcessInfo:
+        """Start ``req`` and return once it runs (its pid known)."""
+        entry = _Process(cmd=req.cmd, started_at=time.time())
+        started: asyncio.Future[AgentProcess] = asyncio.get_running_loop().create_future()
+
+        def on_start(proc: AgentProcess) -> None:
+            entry.proc = proc
+            started.set_result(proc)
+
+        async def run() -> None:
+            try:
+                async for ev in exec_events(backend, rec, req, stream=True, on_start=on_start,
+                                            keep_stdin=req.stdin_open):
+                    entry.add(ev)
+            except Exception as exc:  # the sandbox went away: the process ended with it
+                if not started.done():
+                    started.set_exception(exc)
+                entry.add(ExecEvent(type="exit", result=ExecResult(exit_code=-1,
+                                                                   stderr=str(exc))))
+
+        entry.task = asyncio.create_task(run())
+        await asyncio.shield(started)  # a spawn refused raises here, as exec would
+        procs = self._by_sandbox.setdefault(rec.id, {})
+        procs[entry.pid] = entry
+        self._forget_old(procs)
+        return entry.info(output=False)
+
+    def _forget_old(self, procs: dict[int, _Process]) -> None:
+        ended = [pid for pid, p in procs.items() if p.result is not None]
+        for pid in ended[:max(0, len(ended) - KEEP_ENDED)]:
+            procs.pop(pid)
+
+    def _get(self, sb_id: str, pid: int) -> _Process:
+        entry = self._by_sandbox.get(sb_id, {}).get(pid)
+        if entry is None:
+            raise NotFound(f"no background process with pid {pid} in sandbox {sb_id} (only "
+                           f"processes started with spawn are kept, the last {KEEP_ENDED} "
+                           "ended ones among them)")
+        return entry
+
+    def list(self, sb_id: str) -> list[ProcessInfo]:
+        return [p.info(output=False) for p in self._by_sandbox.get(sb_id, {}).values()]
+
+    def get(self, sb_id: str, pid: int) -> ProcessInfo:
+        return self._get(sb_id, pid).info(output=True)
+
+    def events(self, sb_id: str, pid: int, since: int = 0) -> AsyncIterator[ExecEvent]:
+        """The output chunks from position ``since`` (replayed, then live), then the exit."""
+        return self._get(sb_id, pid).follow(since)
+
+    async def wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo:
+        entry = self._get(sb_id, pid)
+        if entry.task is not None and entry.result is None:
+            await asyncio.wait({entry.task}, timeout=timeout)  # raises neither way
+        return entry.info(output=True)
+
+    async def signal(self, sb_id: str, pid: int, signum: int) -> None:
+        entry = self._get(sb_id, pid)
+        if entry.result is None and entry.proc is not None:
+            entry.proc.send_signal(signum)
+
+    async def stdin(self, sb_id: str, pid: int, data_b64: str, close: bool) -> None:
+        entry = self._get(sb_id, pid)
+        if entry.result is not None or entry.proc is None:
+            return  # it ended: what it would have read goes nowhere, as with a closed pipe
+        try:
+            if data_b64:
+                entry.proc.write_stdin(base64.b64decode(data_b64))
+            if close:
+                entry.proc.close_stdin()
+            await entry.proc.drain()
+        except AgentGone:
+            pass  # ending now; its follower reports how
+
+    def drop(self, sb_id: str) -> None:
+        """The sandbox stopped: forget its processes (they ended with it)."""
+        for entry in self._by_sandbox.pop(sb_id, {}).values():
+            if entry.result is None:  # its followers and waiters hear how it ended
+                entry.add(ExecEvent(type="exit", result=ExecResult(
+                    exit_code=-1, stderr="the sandbox was stopped")))
+            if entry.task is not None:
+                entry.task.cancel()
