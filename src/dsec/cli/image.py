@@ -27,7 +27,7 @@ from dsec.cli.images import image_table
 if TYPE_CHECKING:
     from dsec.images import ImageInfo, ImageService, LayerInfo
 
-__all__ = ["image_app", "detect_image_kind", "overlay_layers"]
+__all__ = ["image_app", "detect_image_kind", "overlay_layers", "is_dockerfile"]
 
 ON_NODE = "Runs on the node machine, as root, against its local layer store."
 DEFAULT_STATE_DIR = Path("/var/lib/dsec")
@@ -93,19 +93,36 @@ def _print_image(info: ImageInfo, as_json: bool = False) -> None:
 @image_app.command()
 @on_node
 def build(
-    spec: Annotated[Path, typer.Argument(help="spec file (TOML, or JSON if it ends in .json)")],
+    spec: Annotated[Path, typer.Argument(
+        help="a Dockerfile (named Dockerfile, Containerfile or *.Dockerfile) or a dsec "
+             "spec file (TOML, or JSON if it ends in .json)")],
     context: Annotated[Path | None, typer.Option(
-        help="folder copy steps read from; default: the spec file's folder")] = None,
+        help="folder COPY/copy steps read from; default: the file's folder")] = None,
     tag: Annotated[str | None, typer.Option(
         "--tag", "-t", help="tag of the result; default: the spec's 'tag'")] = None,
+    build_arg: Annotated[list[str] | None, typer.Option(
+        metavar="KEY=VALUE", help="Dockerfile ARG value (repeatable)")] = None,
+    insecure: Annotated[bool, typer.Option(
+        help="FROM images in a registry over plain HTTP (loopback/private only)")] = False,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     as_json: JsonOpt = False,
 ) -> None:
-    """Build a layer from a spec file: run its steps on the base, pack the changes, tag it.
+    """Build an image from a Dockerfile (with buildah, no network) or a dsec spec file.
 
-    Steps run with unshare + chroot on an overlay of the base image.
+    A Dockerfile's FROM names a dsec image or a registry image (pulled by dsec first).
 
     Runs on the node machine, as root, against its local layer store."""
+    if is_dockerfile(spec):
+        if tag is None:
+            fail(f"building {spec} needs --tag (a Dockerfile does not name its image)")
+        from dsec.images.registry import RegistryAuth
+
+        svc = _service(state_dir)
+        with err.status(f"building {spec} with buildah"):
+            info = svc.build_dockerfile(spec, tag, context, parse_pairs(build_arg, "--build-arg"),
+                                        RegistryAuth(insecure=insecure))
+        _print_image(info)
+        return
     from dsec.images.build import load_spec
 
     loaded = load_spec(spec)
@@ -124,6 +141,13 @@ def build(
 
         info = svc.build(loaded, context or spec.parent, progress=step)
     _print_layer(info, as_json)
+
+
+def is_dockerfile(path: Path) -> bool:
+    """True for 'Dockerfile', 'Containerfile', 'Dockerfile.dev', 'app.Dockerfile'."""
+    name = path.name.lower()
+    return name.startswith(("dockerfile", "containerfile")) or name.endswith(
+        (".dockerfile", ".containerfile"))
 
 
 def _short(text: str, width: int = 48) -> str:

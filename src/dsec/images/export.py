@@ -129,7 +129,8 @@ def export_layer(svc: ImageService, layer: LayerRef, out: pathlib.Path,
         try:
             with open(out, "wb") as raw:
                 outer = _HashWriter(raw)
-                gz = gzip.GzipFile(fileobj=outer, mode="wb", mtime=0) if compress else None
+                gz = (gzip.GzipFile(fileobj=outer, mode="wb", mtime=0, compresslevel=6)
+                      if compress else None)
                 inner = _HashWriter(gz if gz is not None else raw)
                 with tarfile.open(fileobj=inner, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                     _tar_tree(mnt, tar)

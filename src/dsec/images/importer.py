@@ -7,6 +7,7 @@ import shutil
 from typing import IO, TYPE_CHECKING
 
 from dsec.api.errors import InvalidArgument
+from dsec.images.layermap import LayerMap
 from dsec.images.models import ImageConfig, ImageInfo, LayerInfo, LayerRef
 from dsec.images.oci import HashingReader, open_image_source
 from dsec.images.refs import layer_id, normalize_ref
@@ -80,9 +81,17 @@ def import_image(svc: ImageService, path: pathlib.Path, tag: str | None = None,
             raise InvalidArgument(f"{path} records no image name; pass a tag")
         name = normalize_ref(name)
         layers = []
+        known = LayerMap(svc.store)
         for src in image.layers:
-            with src.open() as f:
-                layers.append(layer_from_tar(svc, f, svc.limits, src.digest, src.name))
+            # a layer dsec exported (a Dockerfile's base, an image pushed and pulled back)
+            # is the EROFS layer it came from: not converted again
+            ref = next((r for r in (known.get(d) for d in (src.digest, src.diff_id) if d)
+                        if r is not None), None)
+            if ref is None:
+                with src.open() as f:
+                    ref = layer_from_tar(svc, f, svc.limits, src.digest, src.name)
+                known.put([src.digest], ref)  # the diff_id is unverified here: not recorded
+            layers.append(ref)
         digest = svc.commit(name, layers, image.config)
     m = svc.store.get_manifest(digest)
     return ImageInfo(name=name, manifest_digest=digest, layers=len(m.layers),

@@ -38,6 +38,9 @@ class SourceLayer:
     name: str
     open: Callable[[], IO[bytes]]
     digest: str | None
+    diff_id: str | None = None
+    """sha256 of the uncompressed tar, from the image config (names the layer whatever
+    its compression)."""
 
 
 @dataclass
@@ -133,7 +136,8 @@ def _docker_save(files: _Files, ref: str | None) -> SourceImage:
         # 'layer.tar' files are uncompressed, so they must hash to the config's diff_id.
         want = "sha256:" + name.rsplit("/", 1)[1] if name.startswith("blobs/sha256/") else (
             diff_ids[i] if i < len(diff_ids) else None)
-        layers.append(SourceLayer(name, lambda n=name: files.open(n), want))
+        layers.append(SourceLayer(name, lambda n=name: files.open(n), want,
+                                  diff_ids[i] if i < len(diff_ids) else None))
     tags = entry.get("RepoTags") or []
     return SourceImage(layers=layers, config=_config(config), name=tags[0] if tags else None)
 
@@ -162,8 +166,10 @@ def _oci_layout(files: _Files, ref: str | None) -> SourceImage:
                      str(files.path))
     manifest = files.json(_blob(desc["digest"]))
     config = files.json(_blob(manifest["config"]["digest"]))
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
     layers = [SourceLayer(_blob(d["digest"]), lambda n=_blob(d["digest"]): files.open(n),
-                          d["digest"]) for d in manifest.get("layers") or []]
+                          d["digest"], diff_ids[i] if i < len(diff_ids) else None)
+              for i, d in enumerate(manifest.get("layers") or [])]
     return SourceImage(layers=layers, config=_config(config), name=name)
 
 

@@ -8,6 +8,7 @@ manifest records, so a corrupted byte is never cached or handed to the kernel.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -23,16 +24,24 @@ from dsec.api.errors import Internal, NotFound, error_from_wire
 from dsec.images.refs import digest_hex
 from dsec.images.store import CHUNK_SIZE, CorruptBlob, table_digest
 
-__all__ = ["RemoteStore", "ChunkCache"]
+__all__ = ["RemoteStore", "ChunkCache", "open_remote"]
 
 
 class ChunkCache:
-    """Verified chunks of remote blobs on local disk, plus the bytes-fetched counter."""
+    """Verified chunks of remote blobs on local disk, plus the bytes-fetched counter.
 
-    def __init__(self, root: pathlib.Path) -> None:
+    With ``max_bytes``, the chunks kept are bounded: a put that takes the total over the
+    bound evicts the least recently used chunks (a hit refreshes a chunk's mtime, which is
+    the LRU order, so it holds across processes and restarts) down to 90 % of it. An
+    evicted chunk of a mounted layer is simply fetched again when the kernel next needs it.
+    """
+
+    def __init__(self, root: pathlib.Path, max_bytes: int | None = None) -> None:
         self.root = pathlib.Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self._total: int | None = None  # bytes of chunk files, counted on first need
 
     def path(self, digest: str, index: int) -> pathlib.Path:
         """File of one chunk."""
@@ -40,14 +49,56 @@ class ChunkCache:
 
     def get(self, digest: str, index: int) -> bytes | None:
         """A cached chunk, or None."""
+        path = self.path(digest, index)
         try:
-            return self.path(digest, index).read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
+        if self.max_bytes is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(path)  # recently used: evicted last
+        return data
 
     def put(self, digest: str, index: int, data: bytes) -> None:
-        """Store a verified chunk (atomically)."""
+        """Store a verified chunk (atomically), evicting old chunks past the bound."""
         self.write_atomic(self.path(digest, index), data)
+        if self.max_bytes is None:
+            return
+        with self._lock:
+            if self._total is None:
+                self._total = sum(size for _, size, _ in self._chunk_files())
+            else:
+                self._total += len(data)
+            if self._total > self.max_bytes:
+                self._total = self._evict(int(self.max_bytes * 0.9))
+
+    def _chunk_files(self) -> list[tuple[float, int, pathlib.Path]]:
+        """(mtime, size, path) of every chunk file (tables and metadata are not chunks)."""
+        out = []
+        for layer in os.scandir(self.root):
+            if len(layer.name) != 64 or not layer.is_dir():
+                continue
+            for f in os.scandir(layer.path):
+                if f.name.isdigit():
+                    with contextlib.suppress(FileNotFoundError):
+                        st = f.stat()
+                        out.append((st.st_mtime, st.st_size, pathlib.Path(f.path)))
+        return out
+
+    def _evict(self, target: int) -> int:
+        """Delete least recently used chunks until at most ``target`` bytes remain."""
+        files = sorted(self._chunk_files(), key=lambda t: t[0])
+        total = sum(size for _, size, _ in files)
+        for _, size, path in files:
+            if total <= target:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+        return total
+
+    def chunk_bytes(self) -> int:
+        """Bytes of chunks cached right now."""
+        return sum(size for _, size, _ in self._chunk_files())
 
     def table(self, digest: str) -> bytes | None:
         """The cached chunk table of a blob, or None."""
@@ -128,7 +179,7 @@ class RemoteStore:
         """The blob's chunk table, checked against the manifest's ``chunks`` digest."""
         table = self.cache.table(digest)
         if table is None or table_digest(table) != expect:
-            table = self._get(f"/v1/blobs/{digest}/chunks").content
+            table = self._fetch_table(digest, expect)
             if table_digest(table) != expect:
                 raise CorruptBlob(f"chunk table of layer {digest} does not match its "
                                   f"manifest ({table_digest(table)} != {expect}); refusing it")
@@ -143,12 +194,20 @@ class RemoteStore:
             return data
         start = index * CHUNK_SIZE
         end = min(start + CHUNK_SIZE, size) - 1
-        data = self._get(f"/v1/blobs/{digest}", headers={"Range": f"bytes={start}-{end}"}).content
+        data = self._fetch_range(digest, start, end)
         self.cache.add_fetched(len(data))
         if hashlib.sha256(data).digest() != want:
             raise CorruptBlob(f"chunk {index} of layer {digest} is corrupted; refusing it")
         self.cache.put(digest, index, data)
         return data
+
+    def _fetch_table(self, digest: str, expect: str) -> bytes:
+        """The chunk table's bytes from the server (checked by the caller)."""
+        return self._get(f"/v1/blobs/{digest}/chunks").content
+
+    def _fetch_range(self, digest: str, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` (inclusive) of a blob from the server (checked by the caller)."""
+        return self._get(f"/v1/blobs/{digest}", headers={"Range": f"bytes={start}-{end}"}).content
 
     def read(self, digest: str, offset: int, length: int, table: bytes, size: int) -> bytes:
         """``length`` bytes of a blob from ``offset`` (short at the end of the blob)."""
@@ -212,3 +271,13 @@ class RemoteStore:
             raise CorruptBlob(f"layer {digest} from {self.url} is corrupted; refusing it")
         return dest.stat().st_size
 
+
+
+def open_remote(url: str, cache: ChunkCache, token: str | None = None) -> RemoteStore:
+    """The client of the layer store at ``url``: a dsec server's ``/v1/blobs``, or an OCI
+    registry for 'oci://host[:port]/repo' (HTTPS) and 'oci+http://host[:port]/repo'."""
+    if url.startswith(("oci://", "oci+http://", "oci+https://")):
+        from dsec.images.ocistore import RegistryStore
+
+        return RegistryStore(url, cache)
+    return RemoteStore(url, cache, token)

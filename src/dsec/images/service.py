@@ -310,6 +310,16 @@ class ImageService:
         """
         return authoring.build(self, spec, context, runner, progress)
 
+    def build_dockerfile(self, dockerfile: pathlib.Path, tag: str,
+                         context: pathlib.Path | None = None,
+                         build_args: dict[str, str] | None = None,
+                         auth: RegistryAuth | None = None) -> ImageInfo:
+        """Build a Dockerfile with buildah (RUN without network) and tag the result; see
+        :mod:`dsec.images.dockerfile`."""
+        from dsec.images.dockerfile import build_dockerfile
+
+        return build_dockerfile(self, dockerfile, tag, context, build_args, auth)
+
     def merge(self, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
         """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.
 
