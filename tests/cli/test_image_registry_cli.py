@@ -62,3 +62,17 @@ def test_push_to_a_registry_then_pull_into_another_store(image, registry, tmp_pa
     out = tmp_path / "layout"
     r = image("export", ref, str(out))
     assert r.returncode == 0 and (out / "index.json").is_file(), r.stderr
+
+
+def test_build_a_dockerfile_and_refuse_an_unknown_instruction(image, tmp_path):
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("hi\n")
+    (ctx / "Dockerfile").write_text("FROM busybox\nCOPY hello.txt /hello.txt\nRUN cat /hello.txt\n")
+    r = image("build", str(ctx / "Dockerfile"), "--tag", "team/cli:v1")
+    assert r.returncode == 0, r.stderr
+    assert "tag       team/cli:v1" in r.stdout
+    (ctx / "Dockerfile").write_text("FROM busybox\nFETCH http://x /y\n")
+    r = image("build", str(ctx / "Dockerfile"), "--tag", "team/cli:v2")
+    assert r.returncode != 0 and "line 2: unknown instruction 'FETCH'" in r.stderr
+    assert "Traceback" not in r.stderr

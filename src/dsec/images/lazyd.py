@@ -20,8 +20,9 @@ class LazyDaemon:
     """One FUSE daemon per node store, mounted at ``mountpoint``, outliving its starter."""
 
     def __init__(self, mountpoint: pathlib.Path, cache: pathlib.Path, url: str,
-                 token: str | None = None) -> None:
+                 token: str | None = None, cache_max_bytes: int | None = None) -> None:
         self.mountpoint, self.cache, self.url, self.token = mountpoint, cache, url, token
+        self.cache_max_bytes = cache_max_bytes
         self.log = cache / "lazyfs.log"
         self.pidfile = cache / "lazyfs.pid"
         self._proc: subprocess.Popen | None = None
@@ -62,7 +63,9 @@ class LazyDaemon:
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "dsec.images.lazyfs", "--mount", str(self.mountpoint),
-                 "--cache", str(self.cache), "--url", self.url],
+                 "--cache", str(self.cache), "--url", self.url,
+                 *(["--cache-max-bytes", str(self.cache_max_bytes)]
+                   if self.cache_max_bytes else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True)
         self.pidfile.write_text(str(self._proc.pid))

@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from dsec.images.models import LayerRef
-from dsec.images.remote import ChunkCache, RemoteStore
+from dsec.images.remote import ChunkCache, RemoteStore, open_remote
 
 __all__ = ["LazyFS", "main"]
 
@@ -183,8 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mount", required=True, help="Mount point of the blob directory.")
     ap.add_argument("--cache", required=True, help="Chunk cache directory.")
     ap.add_argument("--url", required=True, help="Base URL of the remote layer store.")
+    ap.add_argument("--cache-max-bytes", type=int, default=None,
+                    help="Bound of the chunk cache (LRU eviction past it).")
     args = ap.parse_args(argv)
-    remote = RemoteStore(args.url, ChunkCache(args.cache), token=os.environ.get("DSEC_TOKEN"))
+    remote = open_remote(args.url, ChunkCache(args.cache, args.cache_max_bytes),
+                         token=os.environ.get("DSEC_TOKEN"))
     fs = LazyFS(args.mount, remote)
     fs.mount()
     try:

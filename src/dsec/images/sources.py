@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dsec.api.errors import NotFound
 from dsec.images.lazyd import LazyDaemon
 from dsec.images.refs import digest_hex
-from dsec.images.remote import ChunkCache, RemoteStore
+from dsec.images.remote import ChunkCache, open_remote
 from dsec.images.store import LocalStore
 
 __all__ = ["RemoteConfig", "LayerSources"]
@@ -26,9 +26,16 @@ class RemoteConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(description="Base URL serving /v1/blobs and /v1/manifests.")
+    url: str = Field(description="Base URL of a dsec server's layer store (/v1/blobs, "
+                                 "/v1/manifests), or an OCI registry repository: "
+                                 "'oci://host[:port]/repo' ('oci+http://' for plain HTTP "
+                                 "on a loopback or private address).")
     token: str | None = Field(None, description="Bearer token, if the server wants one.")
     lazy: bool = Field(True, description="Fetch layer data on demand (else pull whole layers).")
+    cache_max_bytes: int | None = Field(
+        16 << 30, ge=1 << 20,
+        description="Bound of the node's chunk cache; least recently used chunks are "
+                    "evicted past it (None: unbounded).")
 
 
 class LayerSources:
@@ -36,9 +43,10 @@ class LayerSources:
 
     def __init__(self, store: LocalStore, remote: RemoteConfig | None) -> None:
         self.store, self.config = store, remote
-        self.cache = ChunkCache(store.root / "chunks")
-        self.remote = RemoteStore(remote.url, self.cache, remote.token) if remote else None
-        self.daemon = (LazyDaemon(store.root / "lazy", self.cache.root, remote.url, remote.token)
+        self.cache = ChunkCache(store.root / "chunks", remote.cache_max_bytes if remote else None)
+        self.remote = open_remote(remote.url, self.cache, remote.token) if remote else None
+        self.daemon = (LazyDaemon(store.root / "lazy", self.cache.root, remote.url, remote.token,
+                                  remote.cache_max_bytes)
                        if remote and remote.lazy else None)
 
     def source_for(self, digest: str) -> pathlib.Path:
