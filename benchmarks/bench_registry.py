@@ -270,8 +270,12 @@ def main() -> None:
                         traceback.print_exc()
                         print(f"section {key} failed", file=sys.stderr)
             src.unmount_all()
-        name = "registry" + ("-quick" if args.quick else "")
-        publish(name, "Images from an OCI registry", "\n\n".join(parts))
+        # a run of some sections only gets a file of its own (RESULTS.md shows both)
+        name = "registry" + ("" if only >= {"pull", "build", "lazy"} or only == {"pull", "lazy"}
+                             else "_" + "_".join(sorted(only)))
+        publish(name + ("-quick" if args.quick else ""), "Images from an OCI registry"
+                + ("" if name == "registry" else f" ({', '.join(sorted(only))})"),
+                "\n\n".join(parts))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

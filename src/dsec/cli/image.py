@@ -376,8 +376,10 @@ def push(
     state_dir: StateDir = DEFAULT_STATE_DIR,
     as_json: JsonOpt = False,
 ) -> None:
-    """Upload an image: to an OCI registry as an ordinary image (DEST or a REF with a
-    registry host), or to a remote dsec layer store (--to). Blobs already there are skipped.
+    """Upload an image to an OCI registry or a remote dsec layer store; skips blobs there.
+
+    To a registry as an ordinary OCI image: DEST, or REF itself if it names a registry
+    host. To a layer store (a dsec gateway, or oci://host/repo as EROFS artifacts): --to.
 
     Runs on the node machine, as root, against its local layer store."""
     from dsec.images.refs import has_registry_host

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -197,7 +198,8 @@ def build_dockerfile(svc: ImageService, dockerfile: pathlib.Path, tag: str,
         (work / "Dockerfile").write_text(_rewrite(svc, instructions, work, auth))
         storage = ["--root", str(work / "root"), "--runroot", str(work / "run"),
                    "--storage-driver", "vfs"]
-        name = f"localhost/dsec-build-{work.name.lower()}"
+        # mkdtemp's suffix may hold '_' runs, which image names refuse: a hex name instead
+        name = f"localhost/dsec-build-{secrets.token_hex(6)}"
         cmd = ["buildah", *storage, "bud", "--network", "none", "--layers=false",
                "--pull-never", "-f", str(work / "Dockerfile"), "-t", name]
         for k, v in (build_args or {}).items():
