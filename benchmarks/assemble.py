@@ -11,7 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ORDER = ["exec", "hardening", "exec_load", "exec_memory", "create", "cluster", "ray",
          "density", "images_lazy", "images_memory", "images_cache", "images_build", "fncall",
-         "trajectory", "jobs", "microvm", "guest_network", "registry"]
+         "trajectory", "jobs", "microvm", "guest_network", "registry", "registry_build"]
 
 
 def main() -> None:
