@@ -13,7 +13,7 @@ APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc 
 	docker-registry
 STAMP := $(VENV)/.installed
 
-.PHONY: setup apt venv run serve stop demo test test-fast base-images images bench clean
+.PHONY: harbor-venv setup apt venv run serve stop demo test test-fast base-images images bench clean
 
 setup: apt venv
 
@@ -80,7 +80,18 @@ serve: setup
 stop:
 	@if [ -f $(STATE_DIR)/server.pid ]; then kill $$(cat $(STATE_DIR)/server.pid) 2>/dev/null || true; rm -f $(STATE_DIR)/server.pid; fi
 
-test: setup
+# Harbor needs Python >= 3.12 (dsec's venv is 3.11): a venv of its own for
+# tests/integrations/test_harbor.py, made when a python3.12 is on the PATH
+HARBOR_VENV := .venv-harbor
+HARBOR_STAMP := $(HARBOR_VENV)/.installed
+harbor-venv: $(HARBOR_STAMP)
+
+$(HARBOR_STAMP): pyproject.toml
+	@py=$$(command -v python3.12 || command -v python3.13); \
+	if [ -z "$$py" ]; then echo "no python3.12 on the PATH: tests/integrations/test_harbor.py will fail"; exit 0; fi; \
+	$$py -m venv $(HARBOR_VENV) && $(HARBOR_VENV)/bin/pip install -q 'harbor==0.26.0' -e . && touch $(HARBOR_STAMP)
+
+test: setup harbor-venv
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: setup

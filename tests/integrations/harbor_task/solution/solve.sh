@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -w < /app/input.txt | tr -d " " > /app/count.txt
