@@ -91,7 +91,7 @@ $(HARBOR_STAMP): pyproject.toml
 	if [ -z "$$py" ]; then echo "no python3.12 on the PATH: tests/integrations/test_harbor.py will fail"; exit 0; fi; \
 	$$py -m venv $(HARBOR_VENV) && $(HARBOR_VENV)/bin/pip install -q 'harbor==0.26.0' -e . && touch $(HARBOR_STAMP)
 
-test: setup harbor-venv
+test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: setup

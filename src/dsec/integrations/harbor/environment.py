@@ -22,6 +22,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
+from harbor.models.trial.paths import EnvironmentPaths
 from pydantic import Field
 
 import dsec
@@ -93,6 +94,10 @@ class DsecEnvironment(BaseEnvironment):
         self._shell = "bash" if probe.exit_code == 0 else "sh"
         if workdir := self.task_env_config.workdir:
             await self._sandbox.files.mkdir(workdir, parents=True)
+        # what Docker's providers mount from the host: here plain directories, downloaded
+        paths = EnvironmentPaths.for_os(self.os)
+        await self.ensure_dirs([*self._mount_targets(writable_only=True), paths.agent_dir,
+                                paths.verifier_dir, paths.artifacts_dir])
         self.logger.debug(f"dsec sandbox {self._sandbox.id} of {image}")
         await self._upload_environment_dir_after_start()
 
@@ -144,5 +149,12 @@ class DsecEnvironment(BaseEnvironment):
         data = await self._sb().files.download_tar(source_dir)
         dest = Path(target_dir)
         dest.mkdir(parents=True, exist_ok=True)
+        top = PurePosixPath(source_dir).name
         with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-            tf.extractall(dest, filter="data")
+            members = tf.getmembers()
+            for m in members:  # dsec's tar names the directory itself; Harbor wants its inside
+                parts = PurePosixPath(m.name.removeprefix("./")).parts
+                if parts and parts[0] == top:
+                    m.name = str(PurePosixPath(*parts[1:])) if parts[1:] else "."
+            tf.extractall(dest, members=[m for m in members if m.name != "."],
+                          filter="data")
