@@ -139,6 +139,7 @@ def _document(app: FastAPI) -> dict:
     doc["security"] = [{"bearer": []}]
     for path, item in doc.get("paths", {}).items():
         for method, op in item.items():
+            op.setdefault("tags", [op["operationId"].split("_")[0]])  # as its id says
             if not op.get("description"):  # a route without a docstring
                 op["description"] = DESCRIPTIONS.get(op.get("operationId"),
                                                      op.get("summary", ""))
