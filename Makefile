@@ -9,7 +9,7 @@ STATE_DIR ?= /var/lib/dsec
 PORT ?= 7070
 APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc libc6-dev \
 	fuse3 bubblewrap mmdebstrap qemu-system-x86 qemu-utils linux-image-amd64 extlinux \
-	syslinux-common fdisk e2fsprogs podman golang-github-containers-common buildah skopeo \
+	syslinux-common fdisk e2fsprogs podman golang-github-containers-common dnsmasq-base buildah skopeo \
 	docker-registry
 STAMP := $(VENV)/.installed
 

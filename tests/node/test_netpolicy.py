@@ -47,7 +47,7 @@ async def test_network_can_be_granted_to_a_sandbox_created_without(peer, net_cli
 
 
 async def test_unknown_permission_is_refused(net_client):
-    with pytest.raises(dsec.InvalidArgument, match="offers \\['docs', 'peer'\\]"):
+    with pytest.raises(dsec.InvalidArgument, match="offers \\['docs', 'peer', 'pkgs'\\]"):
         await net_client.create(network={"internet": True}, memory_mb=128)
 
 

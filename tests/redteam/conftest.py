@@ -2,7 +2,8 @@ import httpx
 import pytest
 
 import dsec
-from tests.redteam.netpeer import (Peer, acquire, release, sandbox_links, sh, start_net_server,
+from tests.redteam.netpeer import (DnsPeer, Peer, acquire, release, sandbox_links, sh,
+                                   start_net_server,
                                    wait_links_gone)
 from tests.support.server import leftovers
 
@@ -32,6 +33,13 @@ def peer():
     p = acquire("peer", lambda: Peer().start())
     yield p
     release("peer", Peer.stop)
+
+
+@pytest.fixture(scope="session")
+def dns_peer():
+    p = acquire("dns_peer", lambda: DnsPeer().start())
+    yield p
+    release("dns_peer", DnsPeer.stop)
 
 
 @pytest.fixture

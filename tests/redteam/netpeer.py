@@ -15,7 +15,15 @@ PEER = "10.214.77.2"      # the peer's address; only port PEER_PORT is granted
 PEER_PORT = 8080
 SUBNET = "10.215.0.0/24"  # this test node's sandboxes (apart from a default node's)
 PERMISSIONS = {"peer": {"addresses": [f"{PEER}/32"], "ports": [PEER_PORT]},
-               "docs": {"addresses": ["203.0.113.0/24"]}}
+               "docs": {"addresses": ["203.0.113.0/24"]},
+               "pkgs": {"domains": ["pkgs.test"], "ports": [PEER_PORT]}}
+# DnsPeer: a DNS server (dnsmasq) and HTTP servers in a netns of their own, as the node's
+# upstream resolver and the hosts behind the names it serves.
+DNS_NET = "10.216.0"
+DNS_SERVER = f"{DNS_NET}.53"
+NAMES = {"pkgs.test": f"{DNS_NET}.3", "www.pkgs.test": f"{DNS_NET}.3",
+         "edge.cdn.test": f"{DNS_NET}.4", "other.test": f"{DNS_NET}.5"}
+CNAMES = {"files.pkgs.test": "edge.cdn.test"}  # a registry's files behind a CDN's name
 
 
 def sh(cmd: str) -> subprocess.CompletedProcess:
@@ -24,7 +32,8 @@ def sh(cmd: str) -> subprocess.CompletedProcess:
 
 def start_net_server() -> ServerProcess:
     d = Path(tempfile.mkdtemp(prefix="dsec-net-"))
-    (d / "network.json").write_text(json.dumps({"subnet": SUBNET, "permissions": PERMISSIONS}))
+    (d / "network.json").write_text(json.dumps({"subnet": SUBNET, "permissions": PERMISSIONS,
+                                                "dns_upstreams": [DNS_SERVER]}))
     # Guests too: their egress goes through the same per-sandbox rules as containers'.
     return ServerProcess(state_dir=d, backends=["container", "microvm", "vm"]).start()
 
@@ -57,6 +66,47 @@ class Peer:
         if self.http:
             self.http.kill()
             self.http.wait()
+        sh(f"ip netns del {self.ns}")  # takes the veth with it
+
+
+class DnsPeer:
+    """A netns with a veth to the host, dnsmasq answering NAMES and CNAMES on DNS_SERVER,
+    and one HTTP server on PEER_PORT of every address there."""
+
+    def __init__(self) -> None:
+        self.ns = f"dsec-tdns-{secrets.token_hex(3)}"
+        self.link = f"dstd{secrets.token_hex(3)}"
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> DnsPeer:
+        addrs = sorted({DNS_SERVER, *NAMES.values()})
+        out = sh(f"ip netns add {self.ns} && "
+                 f"ip link add {self.link} type veth peer name eth0 netns {self.ns} && "
+                 f"ip addr add {DNS_NET}.1/24 dev {self.link} && ip link set {self.link} up && "
+                 + "".join(f"ip -n {self.ns} addr add {a}/24 dev eth0 && " for a in addrs) +
+                 f"ip -n {self.ns} link set eth0 up && ip -n {self.ns} link set lo up")
+        assert out.returncode == 0, out.stderr
+        records = [f"--host-record={n},{a}" for n, a in NAMES.items()]
+        records += [f"--cname={n},{t}" for n, t in CNAMES.items()]
+        self.procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "dnsmasq", "--keep-in-foreground", "--no-resolv",
+             "--no-hosts", "--no-poll", "--conf-file=/dev/null", "--bind-interfaces",
+             f"--listen-address={DNS_SERVER}", "--pid-file=", "--user=root", *records],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, "python3", "-m", "http.server", str(PEER_PORT)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.time() + 30
+        while not all(x in sh(f"ip netns exec {self.ns} ss -tuln").stdout
+                      for x in (f"{DNS_SERVER}:53", f":{PEER_PORT}")):
+            assert time.time() < deadline, "DNS or HTTP server of the peer did not start"
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
         sh(f"ip netns del {self.ns}")  # takes the veth with it
 
 

@@ -89,6 +89,9 @@ class NetworkStatus(BaseModel):
     address: str | None = Field(None, description="the sandbox's own address, if it has egress")
     dropped: int = Field(0, description="packets refused since the sandbox started")
     denied: list[DeniedFlow] = []
+    denied_domains: dict[str, int] = Field(
+        default_factory=dict, description="names the node's resolver refused to resolve "
+                                          "(no granted permission lists them), with counts")
 
 
 class HeartbeatRequest(_Request):

@@ -35,7 +35,8 @@ async def network_status(node: NodeService, sb_id: str) -> NetworkStatus:
     allow = {} if rec.spec.network == "none" else dict(rec.spec.network)
     return NetworkStatus(sandbox_id=sb_id, allow=allow,
                          address=rec.runtime.get("net", {}).get("address"),
-                         dropped=dropped, denied=denied)
+                         dropped=dropped, denied=denied,
+                         denied_domains=node.network.refused_names(rec))
 
 
 async def audit_records(node: NodeService, sb_id: str) -> list[AuditRecord]:
@@ -47,6 +48,9 @@ async def audit_records(node: NodeService, sb_id: str) -> list[AuditRecord]:
         records += [AuditRecord(sandbox_id=sb_id, at=rec.last_active_at, kind="network_denied",
                                 detail=f"{f.protocol} {f.address}:{f.port}", count=f.packets)
                     for f in status.denied]
+        records += [AuditRecord(sandbox_id=sb_id, at=rec.last_active_at, kind="dns_denied",
+                                detail=name, count=n)
+                    for name, n in status.denied_domains.items()]
     return records
 
 
@@ -55,6 +59,8 @@ async def keep_network_audit(node: NodeService, rec) -> None:
     (while it runs they are read live from its namespace)."""
     if "net" not in rec.runtime:
         return
+    for name, n in node.network.forget(rec).items():  # its resolver ends with it
+        node.trajectory.log.audit(rec.id, "dns_denied", name, n)
     try:
         _, denied = await node.network.status(rec)
     except DSecError as exc:  # never let auditing block a stop

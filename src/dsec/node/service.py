@@ -58,6 +58,7 @@ class NodeService:
         self.node_id = node_id
         self.short = node_id.removeprefix("node-")
         self.network = NetworkManager(config.state_dir, self.short)
+        self.network.files_of = lambda rec: self.backends[rec.spec.backend].files(rec)
         self.records = Records()
         self._gauges_at = 0.0
         self.shells: dict[str, ShellSession] = {}
@@ -90,6 +91,7 @@ class NodeService:
             backends = await asyncio.to_thread(make_backends, config)
         node = cls(config, backends, store, node_id)
         await node._recover()
+        await node.network.recover(node.records.values())
         node._reaper = asyncio.create_task(node._reap_forever())
         node.trajectory.start_pruning(config.trajectory, node.records.__contains__)
         if node.pool.targets:

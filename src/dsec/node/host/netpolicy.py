@@ -18,7 +18,14 @@ Permission names map to address sets in ``<state_dir>/network.json`` (two nodes 
 host need two subnets: each routes its own /30s through its own veths)::
 
     {"subnet": "10.213.0.0/16",
-     "permissions": {"pypi": {"addresses": ["192.0.2.0/24"], "ports": [443]}}}
+     "permissions": {"docs": {"addresses": ["192.0.2.0/24"], "ports": [443]},
+                     "pypi": {"domains": ["pypi.org", "files.pythonhosted.org"],
+                              "ports": [443]}},
+     "dns_upstreams": ["192.0.2.53"]}
+
+A permission's ``domains`` are resolved by the node for the sandbox (:mod:`dsec.node.host.dns`):
+only addresses it resolved for them enter the sandbox's allow set. ``dns_upstreams`` (the
+node's own ``/etc/resolv.conf`` when empty) are the resolvers the node asks.
 """
 
 from __future__ import annotations
@@ -26,17 +33,22 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dsec.api.errors import Internal, InvalidArgument, Unsupported
+from dsec.api.errors import DSecError, Internal, InvalidArgument, Unsupported
 from dsec.api.rl import DeniedFlow
+from dsec.node.host.dns import DnsProxy, check_domain, host_upstreams, set_name
 
 __all__ = ["Permission", "NetworkConfig", "NetworkManager", "render_sandbox_table",
            "render_allow", "render_host_tables", "slot_addresses", "next_slot", "host_tables",
            "netns_of"]
+
+log = logging.getLogger("dsec.node")
 
 
 
@@ -49,16 +61,28 @@ class Permission(BaseModel):
     """One named permission: destinations a sandbox may reach when it holds it."""
 
     model_config = ConfigDict(extra="forbid")
-    addresses: list[str] = Field(description="IPv4 addresses or CIDR blocks")
+    addresses: list[str] = Field(default_factory=list, description="IPv4 addresses or CIDR blocks")
+    domains: list[str] = Field(default_factory=list,
+                               description="domain names (each with its subdomains) whose "
+                                           "addresses, as the node resolves them, are allowed")
     ports: list[int] = Field(default_factory=list, description="allowed ports; [] for any")
     protocols: list[Literal["tcp", "udp"]] = Field(default_factory=lambda: ["tcp", "udp"])
 
     @field_validator("addresses")
     @classmethod
     def _cidrs(cls, v: list[str]) -> list[str]:
-        if not v:
-            raise ValueError("a permission needs at least one address")
         return [str(ipaddress.IPv4Network(a, strict=False)) for a in v]
+
+    @field_validator("domains")
+    @classmethod
+    def _domains(cls, v: list[str]) -> list[str]:
+        return [check_domain(d) for d in v]
+
+    @model_validator(mode="after")
+    def _something(self) -> Permission:
+        if not self.addresses and not self.domains:
+            raise ValueError("a permission needs at least one address or domain")
+        return self
 
 
 class NetworkConfig(BaseModel):
@@ -67,6 +91,16 @@ class NetworkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     subnet: str = Field("10.213.0.0/16", description="sandbox addresses, a /30 each")
     permissions: dict[str, Permission] = Field(default_factory=dict)
+    dns_upstreams: list[str] = Field(
+        default_factory=list, description="'ip' or 'ip:port' of the resolvers the node asks "
+                                          "for domain permissions; empty: its resolv.conf")
+
+    def upstreams(self) -> list[tuple[str, int]]:
+        out = []
+        for u in self.dns_upstreams:
+            host, _, port = u.partition(":")
+            out.append((str(ipaddress.IPv4Address(host)), int(port or 53)))
+        return out or host_upstreams()
 
     @classmethod
     def load(cls, state_dir: Path) -> NetworkConfig:
@@ -84,16 +118,39 @@ def slot_addresses(subnet: str, slot: int) -> tuple[str, str]:
     return str(base + 1), str(base + 2)
 
 
-def render_allow(allow: dict[str, bool], perms: dict[str, Permission]) -> str:
-    """The nft commands that refill the ``allow`` chain for these permissions."""
-    lines = ["flush chain inet dsec allow"]
-    for name in sorted(n for n, on in allow.items() if on):
+def render_allow(allow: dict[str, bool], perms: dict[str, Permission],
+                 dns_to: str | None = None) -> str:
+    """The nft commands that refill the ``allow`` chain for these permissions.
+
+    With ``dns_to`` (the host end of the sandbox's veth) the ``dns`` nat chain is refilled
+    too: when a granted permission names domains, DNS to any address goes to the node's
+    resolver there, and each such permission accepts the addresses of its set."""
+    names = sorted(perms)
+    granted = sorted(n for n, on in allow.items() if on)
+    lines = []
+    if dns_to is not None:
+        lines += ["add chain inet dsec dns { type nat hook output priority -100; policy accept; }",
+                  "flush chain inet dsec dns"]
+    lines.append("flush chain inet dsec allow")
+    if dns_to is not None and any(perms[n].domains for n in granted):
+        lines += [f"add rule inet dsec dns ip daddr != 127.0.0.0/8 meta l4proto {{ tcp, udp }} "
+                  f"th dport 53 dnat ip to {dns_to}",
+                  f"add rule inet dsec allow ip daddr {dns_to} meta l4proto {{ tcp, udp }} "
+                  "th dport 53 accept"]
+    for name in granted:
         p = perms[name]
-        rule = f"add rule inet dsec allow ip daddr {{ {', '.join(p.addresses)} }}"
-        rule += f" meta l4proto {{ {', '.join(p.protocols)} }}"
-        if p.ports:
-            rule += f" th dport {{ {', '.join(str(x) for x in sorted(p.ports))} }}"
-        lines.append(rule + " accept")
+        where = []
+        if p.addresses:
+            where.append(f"ip daddr {{ {', '.join(p.addresses)} }}")
+        if p.domains and dns_to is not None:
+            s = set_name(names.index(name))
+            lines.insert(0, f"add set inet dsec {s} {{ type ipv4_addr; flags timeout; }}")
+            where.append(f"ip daddr @{s}")
+        for w in where:
+            rule = f"add rule inet dsec allow {w} meta l4proto {{ {', '.join(p.protocols)} }}"
+            if p.ports:
+                rule += f" th dport {{ {', '.join(str(x) for x in sorted(p.ports))} }}"
+            lines.append(rule + " accept")
     return "\n".join(lines) + "\n"
 
 
@@ -116,14 +173,17 @@ def render_sandbox_table() -> str:
 """
 
 
-def render_host_tables(prefix: str) -> str:
-    """The host tables of one node: its veths are ``dsv<prefix>*``."""
+def render_host_tables(prefix: str, subnet: str | None = None) -> str:
+    """The host tables of one node: its veths are ``dsv<prefix>*``; with ``subnet``, DNS to
+    the host ends of its veths (the node's resolvers, :mod:`dsec.node.host.dns`) passes."""
     (_, filt), (_, nat) = host_tables(prefix)
     mine = f'"dsv{prefix}*"'
+    dns = (f"\n    iifname {mine} ip daddr {subnet} meta l4proto {{ tcp, udp }} th dport 53 accept"
+           if subnet else "")
     return f"""table inet {filt} {{
   chain input {{
     type filter hook input priority 0; policy accept;
-    iifname {mine} ct state established,related accept
+    iifname {mine} ct state established,related accept{dns}
     iifname {mine} counter drop
   }}
   chain forward {{
@@ -175,6 +235,9 @@ class NetworkManager:
         self._config: NetworkConfig | None = None
         self._lock = asyncio.Lock()
         self._next_slot = 0
+        self._dns: DnsProxy | None = None
+        # rec -> its FileOps (set by the node): the resolv.conf of a sandbox given domains
+        self.files_of: Callable | None = None
 
     @property
     def config(self) -> NetworkConfig:
@@ -207,9 +270,54 @@ class NetworkManager:
                 await self._plumb(ns, slot, allow)
                 rec.runtime["net"] = {"slot": slot,
                                       "address": slot_addresses(self.config.subnet, slot)[1]}
+                await self._resolve_for(rec, allow)
                 return
+        host_ip = slot_addresses(self.config.subnet, rec.runtime["net"]["slot"])[0]
         await _run(*_in_netns(ns, "nft", "-f", "-"),
-                   stdin=render_allow(allow, self.config.permissions))
+                   stdin=render_allow(allow, self.config.permissions, host_ip))
+        await self._resolve_for(rec, allow)
+
+    def _domains_granted(self, allow: dict[str, bool]) -> bool:
+        return any(on and self.config.permissions[n].domains for n, on in allow.items())
+
+    async def _resolve_for(self, rec, allow: dict[str, bool]) -> None:
+        """Start the sandbox's resolver (and name it in its resolv.conf) once a granted
+        permission names domains; it reads the sandbox's permissions live from then on."""
+        if not self._domains_granted(allow):
+            return
+        if self._dns is None:
+            self._dns = DnsProxy(self.config.upstreams())
+        host_ip, sb_ip = slot_addresses(self.config.subnet, rec.runtime["net"]["slot"])
+        ns = netns_of(rec)
+        perms = self.config.permissions
+
+        def policy():
+            net = rec.spec.network
+            return ({} if net == "none" else net), perms
+
+        async def allow_in(commands: str) -> None:
+            await _run(*_in_netns(ns, "nft", "-f", "-"), stdin=commands)
+
+        await self._dns.ensure(rec.id, host_ip, sb_ip, policy, allow_in)
+        if self.files_of is not None:
+            await asyncio.to_thread(_write_resolv, self.files_of(rec), host_ip)
+
+    async def recover(self, records) -> None:
+        """Resolvers of the sandboxes found again after a restart (they kept their rules)."""
+        for rec in records:
+            if "net" in rec.runtime and rec.spec.network != "none":
+                try:
+                    await self._resolve_for(rec, rec.spec.network)
+                except (OSError, DSecError) as exc:
+                    log.warning("no resolver for %s: %s", rec.id, exc)
+
+    def refused_names(self, rec) -> dict[str, int]:
+        """Names the sandbox asked for and was refused, with how many times."""
+        return self._dns.refused(rec.id) if self._dns else {}
+
+    def forget(self, rec) -> dict[str, int]:
+        """Close the sandbox's resolver (it is stopping); what it refused."""
+        return self._dns.forget(rec.id) if self._dns else {}
 
     async def _plumb(self, ns: str, slot: int, allow: dict[str, bool]) -> None:
         """Veth, addresses, route and rules: three commands, the namespace's side in one."""
@@ -227,7 +335,8 @@ class NetworkManager:
                   f"ip link set {peer} name eth0 && ip addr add {sb_ip}/30 dev eth0 && "
                   f"ip link set eth0 up && ip route add default via {host_ip} && nft -f -")
         await _run(*_in_netns(ns, "sh", "-c", script),
-                   stdin=render_sandbox_table() + render_allow(allow, self.config.permissions))
+                   stdin=render_sandbox_table() + render_allow(allow, self.config.permissions,
+                                                               host_ip))
 
     async def _host_tables(self) -> None:
         # Checked at every attach (one nft call): the tables are this node's, but an
@@ -237,7 +346,8 @@ class NetworkManager:
         if any(f"table {fam} {name}\n" not in listed + "\n"
                for fam, name in host_tables(self.prefix)):
             await self._drop_host_tables(listed)
-            await _run("nft", "-f", "-", stdin=render_host_tables(self.prefix))
+            await _run("nft", "-f", "-", stdin=render_host_tables(self.prefix,
+                                                                  self.config.subnet))
 
     async def status(self, rec) -> tuple[int, list[DeniedFlow]]:
         """Packets refused so far, and each refused destination with its packet count."""
@@ -253,6 +363,8 @@ class NetworkManager:
 
     async def close(self) -> None:
         """Drop this node's host tables when none of its sandboxes has a veth any more."""
+        if self._dns is not None:
+            self._dns.close()
         links = await _run("ip", "-o", "link", "show")
         mine = f"dsv{self.prefix}"
         if any(line.split(":")[1].strip().startswith(mine) for line in links.splitlines()):
@@ -263,6 +375,12 @@ class NetworkManager:
         for family, name in host_tables(self.prefix):
             if f"table {family} {name}\n" in listed + "\n":
                 await _run("nft", "delete", "table", family, name)
+
+
+def _write_resolv(files, host_ip: str) -> None:
+    files.mkdir("/etc")
+    with files.open_write("/etc/resolv.conf") as f:
+        f.write(f"nameserver {host_ip}\n".encode())
 
 
 def next_slot(used: set[int], start: int, capacity: int) -> int:
