@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ORDER = ["exec", "hardening", "exec_load", "exec_memory", "create", "cluster", "ray",
+ORDER = ["exec", "hardening", "protected", "exec_load", "exec_memory", "create", "cluster", "ray",
          "density", "images_lazy", "images_memory", "images_cache", "images_build", "fncall",
          "trajectory", "jobs", "microvm", "guest_network", "registry", "registry_build"]
 

@@ -31,3 +31,21 @@ def test_the_grading_step_carries_none():
 def test_a_sandbox_without_protected_paths_sends_no_key():
     # an agent older than the key would refuse the spawn; none is sent when unused
     assert "protect" not in json.loads(SpawnRequest(argv=["true"], env={}).encode())
+
+
+def test_a_guest_kernel_runs_landlock_only_when_built_in_and_listed():
+    from dsec.node.protection import config_has_landlock
+    cfg = 'CONFIG_SECURITY_LANDLOCK=y\nCONFIG_LSM="landlock,lockdown,yama,apparmor"\n'
+    assert config_has_landlock(cfg)
+    assert not config_has_landlock(cfg, "console=ttyS0 lsm=yama,apparmor")
+    assert not config_has_landlock('# CONFIG_SECURITY_LANDLOCK is not set\nCONFIG_LSM="landlock"\n')
+    assert not config_has_landlock('CONFIG_SECURITY_LANDLOCK=y\nCONFIG_LSM="yama"\n')
+
+
+def test_a_backend_that_cannot_protect_says_so():
+    import pytest
+
+    from dsec.api.errors import Unsupported
+    from dsec.node.protection import check_protection
+    with pytest.raises(Unsupported, match="container"):
+        check_protection(object(), "fncall")

@@ -67,6 +67,13 @@ class MicroVMBackend(Backend):
         if self.config.ksm:
             enable_ksm()
 
+    def protects_paths(self) -> None:
+        """Protected paths are kept by the agent with the guest kernel's Landlock (Debian's
+        6.1: ABI 2, so the agent also refuses truncate(2) with seccomp); Unsupported when
+        that kernel does not run Landlock."""
+        from dsec.node.protection import check_guest_kernel
+        check_guest_kernel(cmdline=self.config.kernel_args)
+
     # ---- paths and shared setup ----
     def sandbox_dir(self, sb_id: str) -> Path:
         return self.state_dir / "sandboxes" / sb_id

@@ -1,0 +1,47 @@
+"""Protected paths in microvm and vm guests: the agent applies Landlock in the guest's own
+kernel (Debian's 6.1 here: Landlock ABI 2, which does not check truncate(2), so the agent
+refuses that call with seccomp too). Real QEMU guests (TCG here)."""
+
+from __future__ import annotations
+
+import pytest
+
+import dsec
+from tests.support.server import ServerProcess, leftovers
+
+pytestmark = pytest.mark.timeout(600)
+
+SECRET = "expected-answer-42"
+ATTACKS = ["cat /grader/secret.txt", "ls /grader", "echo forged > /grader/secret.txt",
+           "truncate -s 0 /grader/secret.txt", "mv /grader /g2",
+           "ln /grader/secret.txt /tmp/h && cat /tmp/h",
+           "ln -s /grader/secret.txt /tmp/s && cat /tmp/s",
+           "cat /proc/self/root/grader/secret.txt", "chroot / cat /grader/secret.txt"]
+
+
+@pytest.fixture(scope="module")
+def guest_server():
+    srv = ServerProcess(backends=["microvm", "vm"]).start()
+    yield srv
+    srv.stop_all_sandboxes()
+    left = leftovers(srv.state_dir)
+    srv.destroy()
+    assert not left, left
+
+
+@pytest.mark.parametrize("backend", ["microvm", "vm"])
+async def test_guest_commands_cannot_reach_protected_paths(guest_server, backend):
+    async with dsec.AsyncClient(guest_server.url, guest_server.token, timeout=300) as c:
+        sb = await c.create(backend=backend, memory_mb=256, protected_paths=["/grader"])
+        try:
+            r = await sb.exec(f"mkdir -p /grader && echo {SECRET} > /grader/secret.txt",
+                              grading=True, timeout=60)
+            assert r.exit_code == 0, r
+            for cmd in ATTACKS:
+                r = await sb.exec(cmd, timeout=60)
+                assert r.exit_code != 0 and SECRET not in r.stdout, (backend, cmd, r)
+            r = await sb.exec("cat /grader/secret.txt; ls /grader", grading=True, timeout=60)
+            assert r.stdout == f"{SECRET}\nsecret.txt\n", (backend, r)
+            assert (await sb.exec("echo ok > /tmp/x && cat /tmp/x")).stdout == "ok\n"
+        finally:
+            await sb.stop()
