@@ -41,6 +41,8 @@ log = logging.getLogger("dsec.node.dns")
 MIN_TIMEOUT_S = 600    # an address stays allowed at least this long (clients cache past TTLs)
 MAX_TIMEOUT_S = 86400
 UPSTREAM_TIMEOUT_S = 3.0
+MAX_IN_FLIGHT = 64     # queries of one sandbox being answered at once; more are dropped
+MAX_NAMES = 1024       # refused names counted one by one; the rest under "(other)"
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
@@ -140,7 +142,10 @@ class SandboxDns:
         allow, perms = self.policy()
         sets = granted_sets(qname, allow, perms)
         if not sets:
-            self.refused[qname.rstrip(".").lower()] += 1
+            name = qname.rstrip(".").lower()
+            if name not in self.refused and len(self.refused) >= MAX_NAMES:
+                name = "(other)"  # a flood of random names must not grow the node's memory
+            self.refused[name] += 1
             return _rcode(q, dns.rcode.REFUSED)
         response = await self._ask(q, tcp)
         if response is None:
@@ -169,6 +174,8 @@ class SandboxDns:
         if not todo:
             return
         await self.allow_in(render_elements(sets, todo))
+        if len(self._fresh) > 4 * MAX_NAMES:
+            self._fresh = {k: t for k, t in self._fresh.items() if t > now}
         for s in sets:
             for ip, ttl in todo:
                 self._fresh[(s, ip)] = now + min(max(ttl, MIN_TIMEOUT_S), MAX_TIMEOUT_S)
@@ -193,12 +200,17 @@ class _Udp(asyncio.DatagramProtocol):
     def __init__(self, owner: SandboxDns) -> None:
         self.owner = owner
         self.transport: asyncio.DatagramTransport | None = None
+        self.tasks: set[asyncio.Task] = set()  # held: the loop keeps only weak references
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr) -> None:
-        asyncio.ensure_future(self._reply(data, addr))
+        if len(self.tasks) >= MAX_IN_FLIGHT:
+            return  # the client retries; the node does not queue without bound
+        task = asyncio.ensure_future(self._reply(data, addr))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _reply(self, data: bytes, addr) -> None:
         try:
