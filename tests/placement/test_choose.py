@@ -61,11 +61,12 @@ def test_choice_is_always_an_admissible_node(sizes, seed):
 def test_a_refusal_names_the_limit_that_was_hit():
     cpu_bound = NodeLoad("node-c", ("container",), cpus=2, memory_mb=65536, sandboxes=0,
                          memory_reserved_mb=0, cpu_reserved=0.0)
-    msg = refusal([cpu_bound], "container", memory_mb=64, cpu=2, count=65)
+    old = AdmissionPolicy(memory_overcommit=8.0, cpu_overcommit=64.0)
+    msg = refusal([cpu_bound], "container", memory_mb=64, cpu=2, count=65, policy=old)
     assert "CPUs reserved of 128" in msg and "65 x 2 CPUs" in msg and "MiB reserved" not in msg
     mem_bound = NodeLoad("node-m", ("container",), cpus=64, memory_mb=1024, sandboxes=0,
                          memory_reserved_mb=8000, cpu_reserved=0.0)
-    msg = refusal([mem_bound], "container", memory_mb=512, cpu=1)
+    msg = refusal([mem_bound], "container", memory_mb=512, cpu=1, policy=old)
     assert "MiB reserved of 8192" in msg and "CPUs reserved" not in msg
     assert "no 'fncall' backend" in refusal([mem_bound], "fncall", 64, 1)
     assert "there are no nodes" in refusal([], "container", 64, 1)

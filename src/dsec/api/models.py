@@ -118,6 +118,9 @@ class SandboxSpec(_Request):
     idle_ttl_s: float | None = Field(None, gt=0,
                                      description="stop (or pause) after this long with no request")
     on_idle: Literal["stop", "pause"] = Field("stop", description="what idle_ttl_s does")
+    cpu_class: Literal["latency", "best_effort"] = Field(
+        "latency", description="'latency': its cores when it wants them; 'best_effort': runs "
+                               "SCHED_IDLE on what latency-class sandboxes leave idle")
     network: Literal["none"] | dict[str, bool] = Field(
         "none", description="'none' (loopback only) or named egress permissions")
     job: str | None = Field(None, max_length=128, description="job this sandbox belongs to")
@@ -229,6 +232,14 @@ class SandboxInfo(BaseModel):
         None, description="host memory the sandbox holds now (a container's cgroup usage; a "
                           "guest's QEMU Pss, pages KSM merged counted shared); set by get, "
                           "not by list")
+    cpu_class: Literal["latency", "best_effort"] = "latency"
+    memory_reclaimed_mb: float | None = Field(
+        None, description="memory its last reclaim (while paused) gave back to the host")
+    memory_swapped_mb: float | None = Field(
+        None, description="of its memory, what its last reclaim left in swap")
+    reclaim: str | None = Field(
+        None, description="state of its reclaim while paused: reclaiming, reclaimed, partial "
+                          "(with the reason), failed")
 
 
 class SandboxList(BaseModel):
@@ -387,6 +398,20 @@ class NodeInfo(BaseModel):
     memory_mb: int
     sandboxes: int
     running: int
+    memory_reserved_mb: int | None = Field(None, description="memory_mb of its sandboxes")
+    cpu_reserved: float | None = Field(None, description="cpu of its sandboxes")
+    memory_available_mb: int | None = Field(None, description="the host's MemAvailable")
+    memory_reclaimed_mb: float | None = Field(
+        None, description="given back by its paused sandboxes' reclaims")
+    swap_mb: int | None = Field(None, description="swap on the host")
+    swap_free_mb: int | None = Field(None, description="swap left on the host")
+    cpu_used: float | None = Field(None, description="cores busy (last seconds)")
+    memory_pressure: float | None = Field(
+        None, description="PSI memory some avg10: % of time tasks stalled on memory")
+    cpu_pressure: float | None = Field(None, description="PSI cpu some avg10")
+    core_scheduling: str | None = Field(
+        None, description="whether latency-class sandboxes get cores of their own, and why not")
+    ksm: str | None = Field(None, description="KSM state: merging containers, and pages shared")
 
 
 class PackDiffRequest(_Request):

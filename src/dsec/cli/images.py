@@ -57,7 +57,23 @@ def nodes(as_json: JsonOpt = False) -> None:
     table.add_column("MEMORY", justify="right")
     table.add_column("SANDBOXES", justify="right")
     table.add_column("RUNNING", justify="right")
+    for col in ("RESERVED", "AVAILABLE", "RECLAIMED", "SWAP FREE", "CPU USED", "PRESSURE"):
+        table.add_column(col, justify="right")
     for n in found:
         table.add_row(n.id, ",".join(n.backends), str(n.cpus), f"{n.memory_mb} MiB",
-                      str(n.sandboxes), str(n.running))
+                      str(n.sandboxes), str(n.running),
+                      _or(n.memory_reserved_mb, "{} MiB") + " / " + _or(n.cpu_reserved, "{:g}"),
+                      _or(n.memory_available_mb, "{} MiB"),
+                      _or(n.memory_reclaimed_mb, "{:.0f} MiB"),
+                      _or(n.swap_free_mb, "{} MiB") + " of " + _or(n.swap_mb, "{} MiB"),
+                      _or(n.cpu_used, "{:.1f}"),
+                      "mem " + _or(n.memory_pressure, "{:.1f}%") + " cpu "
+                      + _or(n.cpu_pressure, "{:.1f}%"))
     out.print(table)
+    for n in found:
+        if n.core_scheduling or n.ksm:
+            out.print(f"{n.id}: {n.core_scheduling or ''}; KSM: {n.ksm or 'unknown'}")
+
+
+def _or(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)

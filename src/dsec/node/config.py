@@ -11,6 +11,7 @@ from dsec.images.registry import RegistryPolicy
 from dsec.images.sources import RemoteConfig
 from dsec.node.backends.config import ContainerBackendConfig, FncallConfig
 from dsec.node.backends.microvm.config import MicroVMConfig
+from dsec.node.density.config import DensityConfig
 from dsec.placement.admission import AdmissionPolicy
 from dsec.trajectory.retention import TrajectoryRetention
 
@@ -65,6 +66,9 @@ class NodeConfig(BaseModel):
                                               description="settings of the container backend")
     fncall: FncallConfig = Field(default_factory=FncallConfig,
                                  description="settings of the fncall backend's worker pools")
+    density: DensityConfig = Field(
+        default_factory=DensityConfig,
+        description="swap and reclaim of paused and idle sandboxes, CPU classes, KSM")
     guests: MicroVMConfig = Field(default_factory=MicroVMConfig,
                                   description="settings of the microvm and vm backends")
     limits: RequestLimits = Field(default_factory=RequestLimits,

@@ -27,6 +27,7 @@ from dsec.node import metrics
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.config import NodeConfig
+from dsec.node.density.node import NodeDensity
 from dsec.node.ended import EndedSandboxes
 from dsec.node.pool import WarmPool
 from dsec.node.processes import Processes
@@ -73,6 +74,7 @@ class NodeService:
         self._fncalls = self._fncall_mb = 0
         self._start_sem = asyncio.Semaphore(config.start_concurrency)
         self._stop_sem = asyncio.Semaphore(config.start_concurrency * 2)
+        self.density = NodeDensity(config.density, self._persist)
 
     @classmethod
     async def open(cls, config: NodeConfig,
@@ -90,6 +92,7 @@ class NodeService:
         if backends is None:
             backends = await asyncio.to_thread(make_backends, config)
         node = cls(config, backends, store, node_id)
+        await node.density.open(backends)
         await node._recover()
         await node.network.recover(node.records.values())
         node._reaper = asyncio.create_task(node._reap_forever())
@@ -113,6 +116,7 @@ class NodeService:
         if stop_sandboxes:
             await asyncio.gather(*(self.stop(i) for i in list(self.records)),
                                  return_exceptions=True)
+        await self.density.close(sandboxes_left=bool(self.records))
         for backend in self.backends.values():  # node-wide resources (fncall pools)
             await backend.close()
         images = self._layer_store()
@@ -181,6 +185,10 @@ class NodeService:
                                                 "its idle_ttl_s)")
 
     # ---- lookup ----
+    def _persist(self, rec: SandboxRecord) -> None:
+        if rec.id in self.records:  # a stopped sandbox's record is gone for good
+            self.store.put(rec)
+
     def _get(self, sb_id: str) -> SandboxRecord:
         rec = self.records.get(sb_id)
         if rec is None:
@@ -194,7 +202,8 @@ class NodeService:
                            disk_mb=s.disk_mb, job=s.job, labels=s.labels,
                            request_id=s.request_id, protected_paths=s.protected_paths,
                            created_at=rec.created_at, expires_at=rec.expires_at,
-                           last_active_at=rec.last_active_at, error=rec.error)
+                           last_active_at=rec.last_active_at, error=rec.error,
+                           cpu_class=s.cpu_class, **self.density.reclaim_info(rec))
 
     async def get(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
@@ -230,22 +239,41 @@ class NodeService:
                 states[r.state] = states.get(r.state, 0) + 1
             for state, n in states.items():
                 metrics.SANDBOXES.labels(state).set(n)
+        host = self.density.host()  # sampled at most a few times a second
         return NodeLoad(node_id=self.node_id, backends=tuple(self.backends),
                         cpus=_CPUS, memory_mb=_HOST_MEMORY_MB, sandboxes=len(recs),
                         memory_reserved_mb=recs.memory_mb + self._fncall_mb,
-                        cpu_reserved=recs.cpu + 0.05 * self._fncalls)
+                        cpu_reserved=recs.cpu + 0.05 * self._fncalls,
+                        memory_available_mb=host.memory_available_mb,
+                        swap_free_mb=host.swap_free_mb, cpu_used=host.cpu_used,
+                        memory_pressure=host.memory_pressure, cpu_pressure=host.cpu_pressure)
 
     async def node_info(self) -> NodeInfo:
         load = self.load()
+        host = self.density.host()
+        reclaimed = sum(NodeDensity.reclaim_info(r).get("memory_reclaimed_mb", 0.0)
+                        for r in self.records.values())
         return NodeInfo(id=self.node_id, backends=list(load.backends), cpus=load.cpus,
                         memory_mb=load.memory_mb, sandboxes=load.sandboxes,
-                        running=sum(r.state == "running" for r in self.records.values()))
+                        running=sum(r.state == "running" for r in self.records.values()),
+                        memory_reserved_mb=load.memory_reserved_mb,
+                        cpu_reserved=round(load.cpu_reserved, 2),
+                        memory_available_mb=host.memory_available_mb,
+                        memory_reclaimed_mb=round(reclaimed, 1), swap_mb=host.swap_total_mb,
+                        swap_free_mb=host.swap_free_mb, cpu_used=load.cpu_used,
+                        memory_pressure=host.memory_some, cpu_pressure=host.cpu_pressure,
+                        core_scheduling=self.density.core.note,
+                        ksm=self.density.ksm_note())
 
     # ---- lifecycle ----
     def _new_record(self, spec: SandboxSpec) -> SandboxRecord:
         if spec.backend not in self.backends:
             raise Unsupported(f"backend {spec.backend!r} is not available on {self.node_id}; "
                               f"available: {sorted(self.backends)}")
+        if spec.cpu_class not in self.backends[spec.backend].cpu_classes:
+            raise Unsupported(f"{spec.backend} sandboxes offer cpu_class "
+                              f"{sorted(self.backends[spec.backend].cpu_classes)}; got "
+                              f"{spec.cpu_class!r}")
         if spec.network != "none":
             self.network.check(spec.network)
         if spec.protected_paths:
@@ -397,6 +425,7 @@ class NodeService:
         for sh_id in [k for k, s in self.shells.items() if s.sandbox_id == sb_id]:
             self.shells.pop(sh_id).close()
         await keep_network_audit(self, rec)
+        await self.density.stopping(rec)
         try:
             async with self._stop_sem:  # a mass stop must not starve the server's threads
                 await self.backends[rec.spec.backend].stop(rec)
@@ -417,15 +446,19 @@ class NodeService:
     async def pause(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
         if rec.state == "running":
-            await self.backends[rec.spec.backend].pause(rec)
+            backend = self.backends[rec.spec.backend]
+            await backend.pause(rec)
             rec.state = "paused"
             self.store.put(rec)
+            self.density.paused(rec, backend)  # reclaims in the background
         return self.info(rec)
 
     async def resume(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
         if rec.state == "paused":
-            await self.backends[rec.spec.backend].resume(rec)
+            backend = self.backends[rec.spec.backend]
+            await self.density.resuming(rec, backend)
+            await backend.resume(rec)
             rec.state = "running"
             self.store.put(rec)
         return self.info(rec)

@@ -1,10 +1,21 @@
-"""Admission: may this node take one more sandbox? Pure, no I/O."""
+"""Admission: may this node take one more sandbox? Pure, no I/O.
+
+Two guards. Reservations (memory_mb, cpu of the sandboxes held) against the physical
+machine times the policy's overcommit ratios; and the node's measured figures (memory
+available, swap left, cores busy, PSI pressure), which the node passes in with its load.
+Reservations within the physical machine are admitted on reservations alone; past it (idle
+sandboxes use a few percent of what they ask for) only while the real figures leave room.
+A refusal names the resource that is short.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["NodeLoad", "AdmissionPolicy", "admit", "fitting", "room"]
+__all__ = ["NodeLoad", "AdmissionPolicy", "admit", "fitting", "pressure", "room",
+           "STARTUP_MB"]
+
+STARTUP_MB = 2  # real memory a just-started idle container takes (measured: ~0.7 MiB)
 
 
 @dataclass(frozen=True)
@@ -18,15 +29,25 @@ class NodeLoad:
     sandboxes: int
     memory_reserved_mb: int
     cpu_reserved: float
+    # Measured by the node; None when it does not measure (a simulated node, an old one).
+    memory_available_mb: int | None = None  # MemAvailable
+    swap_free_mb: int | None = None
+    cpu_used: float | None = None           # cores busy over the last seconds
+    memory_pressure: float | None = None    # PSI memory "full avg10", % of time
+    cpu_pressure: float | None = None       # PSI cpu "some avg10", % of time
 
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
     """Limits a node enforces; idle sandboxes use little, so memory is overcommitted."""
 
-    max_sandboxes: int = 4096
-    memory_overcommit: float = 8.0
-    cpu_overcommit: float = 64.0
+    max_sandboxes: int = 16384
+    memory_overcommit: float = 16.0
+    cpu_overcommit: float = 512.0
+    min_free_mb: int = 1024            # RAM available + swap free kept back, always
+    max_memory_pressure: float = 10.0  # past reservations: refuse above this PSI full avg10
+    max_cpu_busy: float = 0.9          # past reservations: refuse when this share of the
+    max_cpu_pressure: float = 90.0     # cores is busy and tasks wait this % of the time
 
 
 def admit(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
@@ -44,6 +65,29 @@ def admit(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
     if load.cpu_reserved + cpu * count > cpu_cap:
         return (f"node {load.node_id} has {load.cpu_reserved:g} CPUs reserved of {cpu_cap:g} "
                 f"it may promise; {count} x {cpu:g} CPUs more do not fit")
+    return pressure(load, memory_mb, cpu, policy, count)
+
+
+def pressure(load: NodeLoad, memory_mb: int, cpu: float,
+             policy: AdmissionPolicy = AdmissionPolicy(), count: int = 1) -> str | None:
+    """The real-figures guard: None when what the node measured leaves room."""
+    if load.memory_available_mb is not None:
+        free = load.memory_available_mb + (load.swap_free_mb or 0)
+        if free < policy.min_free_mb:
+            return (f"node {load.node_id} is short of memory: {load.memory_available_mb} MiB "
+                    f"available and {load.swap_free_mb or 0} MiB swap free, under the "
+                    f"{policy.min_free_mb} MiB it keeps back")
+    if load.memory_reserved_mb + memory_mb * count > load.memory_mb and \
+            (load.memory_pressure or 0.0) > policy.max_memory_pressure:
+        return (f"node {load.node_id} is under memory pressure: its tasks all stalled on "
+                f"memory {load.memory_pressure:.1f} % of the last 10 s (limit "
+                f"{policy.max_memory_pressure:g} %), and its memory is overcommitted")
+    if load.cpu_reserved + cpu * count > load.cpus and load.cpu_used is not None and \
+            load.cpu_used >= load.cpus * policy.max_cpu_busy and \
+            (load.cpu_pressure or 0.0) >= policy.max_cpu_pressure:
+        return (f"node {load.node_id} is short of CPU: {load.cpu_used:.1f} of {load.cpus} "
+                f"cores busy, tasks waiting {load.cpu_pressure:.0f} % of the time, and its "
+                f"CPUs are overcommitted")
     return None
 
 
@@ -56,7 +100,14 @@ def room(load: NodeLoad, backend: str, memory_mb: int, cpu: float,
     by_mem = (load.memory_mb * policy.memory_overcommit - load.memory_reserved_mb) / max(
         memory_mb, 1)
     by_cpu = (load.cpus * policy.cpu_overcommit - load.cpu_reserved) / max(cpu, 1e-9)
-    return max(0, int(min(by_count, by_mem + 1e-9, by_cpu + 1e-9)))
+    fit = max(0, int(min(by_count, by_mem + 1e-9, by_cpu + 1e-9)))
+    if fit and pressure(load, memory_mb, cpu, policy) is not None:
+        return 0
+    if fit and load.memory_available_mb is not None:
+        # each new sandbox takes some real memory at once: no more than the headroom holds
+        spare = load.memory_available_mb + (load.swap_free_mb or 0) - policy.min_free_mb
+        fit = min(fit, max(0, int(spare // STARTUP_MB)))
+    return fit
 
 
 def fitting(load: NodeLoad, backend: str, memory_mb: int, cpu: float,

@@ -8,7 +8,7 @@ import pytest
 
 from dsec.api.errors import Unsupported
 from dsec.api.models import ExecRequest, SandboxSpec
-from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.backends.base import Backend, ReclaimPlan, SandboxRecord
 from dsec.node.backends.container import ContainerBackend
 from dsec.node.backends.fncall import FncallBackend
 from dsec.node.backends.microvm import MicroVMBackend, VMBackend
@@ -29,7 +29,7 @@ REC = SandboxRecord(id="sb-x-1", spec=SandboxSpec(), state="running", created_at
 
 SYNC = [lambda b: b.connector(REC), lambda b: b.files(REC), lambda b: b.upper_dir(REC),
         lambda b: b.memory_bytes(REC), lambda b: b.oom_kills(REC), lambda b: b.console(REC),
-        lambda b: b.reclaim(REC, lambda: False), lambda b: b.restore(REC)]
+        lambda b: b.reclaim(REC, ReclaimPlan(0, 1)), lambda b: b.restore(REC)]
 ASYNC = [lambda b: b.pause(REC), lambda b: b.resume(REC), lambda b: b.apply_spec(REC),
          lambda b: b.pack_diff(REC, "t:1", []), lambda b: b.screenshot(REC),
          lambda b: b.type_text(REC, "x"), lambda b: b.press_keys(REC, ["a"]),

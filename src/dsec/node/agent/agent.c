@@ -32,6 +32,9 @@
  *         dsec-agent --confine BPF run ARGV... exec ARGV confined as a command would be
  *                                      (a vm's console shell, which init starts)
  *         dsec-agent pause             sleep forever (placeholder main process)
+ *         dsec-agent --merge run ARGV...   exec ARGV with KSM merging on for it and all it
+ *                                      starts (PR_SET_MEMORY_MERGE survives fork and exec;
+ *                                      the node starts runc so, for a container's init)
  * "unconfined" is for the node's own housekeeping in a guest (hostname, clock, reading
  * overlay xattrs to pack a layer); only the node can send a spawn request at all.
  *
@@ -961,9 +964,21 @@ static int load_confinement(const char *path) {
     return 0;
 }
 
+#ifndef PR_SET_MEMORY_MERGE
+#define PR_SET_MEMORY_MERGE 67
+#endif
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "pause")) {
         for (;;) pause();
+    }
+    if (argc >= 4 && !strcmp(argv[1], "--merge") && !strcmp(argv[2], "run")) {
+        /* best effort: a kernel without it (< 6.4) runs the command unmerged */
+        if (prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
+            fprintf(stderr, "dsec-agent: PR_SET_MEMORY_MERGE: %s\n", strerror(errno));
+        execvp(argv[3], argv + 3);
+        perror(argv[3]);
+        return 127;
     }
     if (argc >= 3 && !strcmp(argv[1], "--confine")) {
         if (load_confinement(argv[2]) < 0) {

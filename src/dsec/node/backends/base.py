@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dsec.node.agent.client import AgentConnector
     from dsec.node.files import FileOps
 
-__all__ = ["Backend", "Reclaim", "SandboxRecord"]
+__all__ = ["Backend", "Reclaim", "ReclaimPlan", "SandboxRecord"]
 
 
 @dataclass
@@ -40,6 +40,15 @@ class SandboxRecord:
     expires_at: float | None = None
     runtime: dict = field(default_factory=dict)  # backend-owned: paths, pids, ports
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReclaimPlan:
+    """How far the node lets one reclaim go."""
+
+    swap_bytes: int   # the sandbox may hold this much in swap while paused
+    step_bytes: int   # pushed out per step; a resume waits for at most one step
+    cancelled: object = staticmethod(lambda: False)  # polled between steps
 
 
 @dataclass
@@ -66,6 +75,9 @@ class Backend:
     cpu_classes: ClassVar[frozenset[str]] = frozenset({"latency"})
     #: The node's layer store when this backend has one (``None``: no images here).
     images = None
+    #: Whether :meth:`reclaim` and :meth:`restore` work here (the node sets up swap and
+    #: starts background reclaims only for such backends).
+    can_reclaim: ClassVar[bool] = False
 
     def _unsupported(self, what: str, rec: SandboxRecord | None = None) -> Unsupported:
         name = rec.spec.backend if rec is not None else self.name
@@ -100,10 +112,10 @@ class Backend:
         """Undo :meth:`pause`; :meth:`restore` has run first when memory was reclaimed."""
         raise self._unsupported("resume", rec)
 
-    def reclaim(self, rec: SandboxRecord, cancelled) -> Reclaim:
+    def reclaim(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
         """Push a paused sandbox's memory out to swap and out of the page cache (blocking:
-        the node runs it in a thread). ``cancelled()`` is polled between steps: when it
-        turns true (a request wants the sandbox) the reclaim ends at once."""
+        the node runs it in a thread). ``plan.cancelled()`` is polled between steps: when
+        it turns true (a request wants the sandbox) the reclaim ends at once."""
         raise self._unsupported("give memory back while paused", rec)
 
     def restore(self, rec: SandboxRecord) -> None:

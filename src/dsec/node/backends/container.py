@@ -23,7 +23,9 @@ from pathlib import Path
 
 from dsec.api.errors import Capacity, Internal, InvalidArgument
 from dsec.node.agent.client import AgentConnector, ping, unix_connector
-from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
+from dsec.node.density import cpuclass, prefetch
+from dsec.node.density.reclaim import reclaim_cgroup, restore_cgroup
 from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts
 from dsec.node.host.charged import Charge
@@ -40,15 +42,19 @@ class ContainerBackend(Backend):
 
     name = "container"
     protects_paths = "host"  # the agent enforces protected_paths with the host's Landlock
+    cpu_classes = frozenset(cpuclass.CPU_CLASSES)
+    can_reclaim = True
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
-                 runc: str = "runc") -> None:
+                 runc: str = "runc", merge: bool = False) -> None:
         self.state_dir = state_dir
         self.images = images
         self.agent_binary = agent_binary
         self.runc = shutil.which(runc) or runc
         self.runc_root = state_dir / "runc"
         self.cgroups = cgroups.detect()
+        self.merge = merge  # KSM: runc, and so the sandbox's init, start mergeable
+        self.core = cpuclass.core_scheduling()
         self.runc_root.mkdir(parents=True, exist_ok=True)
 
     # ---- paths ----
@@ -75,6 +81,11 @@ class ContainerBackend(Backend):
             raise
         listener.close()
         pid = int((d / "init.pid").read_text())
+        try:
+            await asyncio.to_thread(self._set_cpu_class, rec, pid)
+        except BaseException:
+            await self.stop(rec)
+            raise
         return {"dir": str(d), "init_pid": pid, "cgroup": self.cgroup_path(rec.id),
                 "image_env": resolved.config.env, "image_cwd": resolved.config.cwd or "/",
                 "image_user": resolved.config.user or "root",
@@ -149,7 +160,9 @@ class ContainerBackend(Backend):
             (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
             (os.POSIX_SPAWN_DUP2, listener.fileno(), 3),
         ]
-        pid = os.posix_spawn(self.runc, args, os.environ, file_actions=actions)
+        if self.merge:  # the agent sets PR_SET_MEMORY_MERGE and execs runc
+            args = [str(self.agent_binary), "--merge", "run", *args]
+        pid = os.posix_spawn(args[0], args, os.environ, file_actions=actions)
         _, status = await asyncio.to_thread(os.waitpid, pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
@@ -224,6 +237,25 @@ class ContainerBackend(Backend):
             verb = "pause" if frozen else "resume"
             raise Internal(f"could not {verb} {rec.id}: {exc}") from exc
 
+    def _set_cpu_class(self, rec: SandboxRecord, init_pid: int | None) -> None:
+        """Best effort: cgroup cpu.idle (+ v1 minimal shares) and SCHED_IDLE on the init
+        (and its threads), which everything it starts inherits."""
+        cls = rec.spec.cpu_class
+        if cls == "latency" and not self.core.available \
+                and not self.cgroups.cpu_idle(self.cgroup_path(rec.id)):
+            return  # runc's defaults are latency class already
+        cpuclass.apply(self.cgroups, self.cgroup_path(rec.id), init_pid, cls, self.core)
+
+    # ---- density ----
+    def reclaim(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
+        return reclaim_cgroup(self.cgroups, self.cgroup_path(rec.id), rec.spec.memory_mb << 20,
+                              plan)
+
+    def restore(self, rec: SandboxRecord) -> None:
+        rel = self.cgroup_path(rec.id)
+        restore_cgroup(self.cgroups, rel, rec.spec.memory_mb << 20)
+        prefetch.prefetch(self.cgroups.procs(rel))
+
     async def apply_spec(self, rec: SandboxRecord) -> None:
         """Give a running (pooled) sandbox the limits of ``rec.spec``: cgroups and disk size."""
         spec = rec.spec
@@ -231,6 +263,7 @@ class ContainerBackend(Backend):
 
         def apply() -> None:
             self.cgroups.set_limits(self.cgroup_path(rec.id), spec.cpu, spec.memory_mb, spec.pids)
+            self._set_cpu_class(rec, rec.runtime.get("init_pid"))
             mounts.mount("tmpfs", rw, "tmpfs",
                          mounts.MS_REMOUNT | mounts.MS_NOSUID | mounts.MS_NODEV,
                          f"size={spec.disk_mb}m")

@@ -6,6 +6,7 @@ from dsec.api.errors import InvalidArgument
 from dsec.node.agent.build import ensure_agent
 from dsec.node.backends.base import Backend
 from dsec.node.config import NodeConfig
+from dsec.node.density.ksm import merge_supported
 
 __all__ = ["make_backends"]
 
@@ -21,7 +22,8 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
         if name == "container":
             from dsec.node.backends.container import ContainerBackend
             out[name] = ContainerBackend(config.state_dir, images, agent,
-                                         runc=config.container.runc)
+                                         runc=config.container.runc,
+                                         merge=config.density.ksm and merge_supported())
         elif name == "fncall":  # pools start lazily, on the first call
             from dsec.node.backends.fncall import FncallBackend
             out[name] = FncallBackend(config.state_dir, images, agent,

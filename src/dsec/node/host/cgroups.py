@@ -1,18 +1,21 @@
-"""Reading a sandbox's cgroup on cgroup v1 (incl. hybrid hosts) and v2.
+"""Reading and steering a sandbox's cgroup on cgroup v1 (incl. hybrid hosts) and v2.
 
 runc creates, limits and removes the cgroups (it has its own v1 and v2 managers); the node
-only reads counters from them and cleans up leftovers. :func:`detect` picks the driver from
-what the host mounts, so the same code runs on a hybrid v1 host and a pure v2 host.
+reads counters from them, cleans up leftovers, and for density moves the memory and CPU
+knobs runc set (swap allowance, limits to reclaim by, the CPU class). :func:`detect` picks
+the driver from what the host mounts, so the same code runs on a hybrid v1 host and a pure
+v2 host. The hierarchy's root is a field, so the drivers are tested against fake trees.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CgroupDriver", "CgroupV1", "CgroupV2", "detect", "ROOT"]
+__all__ = ["CgroupDriver", "CgroupV1", "CgroupV2", "MemoryStat", "detect", "ROOT"]
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -37,10 +40,34 @@ def _read_int(path: Path) -> int:
 
 
 @dataclass(frozen=True)
+class MemoryStat:
+    """A cgroup's memory, in bytes, the same on v1 and v2."""
+
+    anon: int = 0       # process memory (heap, stacks)
+    file: int = 0       # page cache, shmem (tmpfs files) included
+    shmem: int = 0      # tmpfs files and shared memory: swap-backed like anon
+    swap: int = 0       # what sits in swap
+    refaults: int = 0   # pages read back soon after being reclaimed (a busy cgroup's sign)
+
+
+def _write(path: Path, value: str) -> bool:
+    """Write a cgroup knob; False when the kernel refuses with EBUSY/EAGAIN (a limit it
+    could not reclaim down to, a reclaim it could not finish)."""
+    try:
+        path.write_text(value)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EBUSY, errno.EAGAIN):
+            return False
+        raise
+
+
+@dataclass(frozen=True)
 class CgroupDriver:
     """Where a sandbox's cgroup lives and how to read it; ``rel`` is the runc cgroupsPath."""
 
     version: int = 0
+    root: Path = ROOT
 
     def oom_kills(self, rel: str) -> int:
         raise NotImplementedError
@@ -75,6 +102,44 @@ class CgroupDriver:
         """Freeze or thaw every process of the cgroup, and wait until it took effect."""
         raise NotImplementedError
 
+    # ---- density: memory ----
+    def memory_stat(self, rel: str) -> MemoryStat:
+        """The cgroup's memory by kind (its whole subtree)."""
+        raise NotImplementedError
+
+    def memory_limit(self, rel: str) -> int:
+        """The memory limit now, in bytes (very large when unlimited)."""
+        raise NotImplementedError
+
+    def set_memory_limit(self, rel: str, limit: int) -> bool:
+        """Set the memory limit (swap not included); False when the kernel could not push
+        the cgroup's memory down to it (nothing more to reclaim, or swap is full)."""
+        raise NotImplementedError
+
+    def set_swap(self, rel: str, memory: int, swap: int) -> bool:
+        """Let the cgroup hold up to ``swap`` bytes in swap besides ``memory`` in RAM;
+        ``swap=0`` forbids swapping (runc's setting). False when refused as too low."""
+        raise NotImplementedError
+
+    def reclaim(self, rel: str, nbytes: int) -> bool:
+        """Ask the kernel to push ``nbytes`` of the cgroup's memory out (v2
+        ``memory.reclaim``); False when it could not. v1 has no such knob: lower the
+        limit instead (:meth:`set_memory_limit`)."""
+        raise NotImplementedError
+
+    def memory_pressure(self, rel: str) -> float | None:
+        """The cgroup's PSI ``some avg10`` for memory (% of time stalled), None if absent."""
+        raise NotImplementedError
+
+    # ---- density: CPU ----
+    def set_cpu_idle(self, rel: str, idle: bool) -> None:
+        """Make the cgroup best-effort (``cpu.idle=1``: its tasks run SCHED_IDLE against
+        its siblings) or latency class again. v1 also drops ``cpu.shares`` to the minimum."""
+        raise NotImplementedError
+
+    def cpu_idle(self, rel: str) -> bool:
+        raise NotImplementedError
+
     def wait_frozen(self, read_state, want: str, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while read_state() != want:
@@ -99,7 +164,7 @@ class CgroupV1(CgroupDriver):
     version: int = 1
 
     def _dir(self, controller: str, rel: str) -> Path:
-        return ROOT / controller / rel.lstrip("/")
+        return self.root / controller / rel.lstrip("/")
 
     def oom_kills(self, rel: str) -> int:
         return _read_kv(self._dir("memory", rel) / "memory.oom_control").get("oom_kill", 0)
@@ -113,13 +178,13 @@ class CgroupV1(CgroupDriver):
     def remove(self, rel: str) -> None:
         # runc also makes the cgroup in the named (systemd) and, on hybrid hosts, the
         # unified hierarchy: remove it from every hierarchy mounted here.
-        for hierarchy in ROOT.iterdir():
+        for hierarchy in self.root.iterdir():
             if hierarchy.is_dir() and not hierarchy.is_symlink():
                 _rmdir_tree(hierarchy / rel.lstrip("/"))
 
     def leftovers(self, rel: str) -> list[str]:
         """Hierarchies where the cgroup still exists (for tests and leak checks)."""
-        return [h.name for h in ROOT.iterdir()
+        return [h.name for h in self.root.iterdir()
                 if h.is_dir() and not h.is_symlink() and (h / rel.lstrip("/")).exists()]
 
     def procs(self, rel: str) -> list[int]:
@@ -149,13 +214,51 @@ class CgroupV1(CgroupDriver):
         f.write_text(want)
         self.wait_frozen(lambda: f.read_text().strip(), want)
 
+    def memory_stat(self, rel: str) -> MemoryStat:
+        kv = _read_kv(self._dir("memory", rel) / "memory.stat")
+        return MemoryStat(anon=kv.get("total_rss", 0), file=kv.get("total_cache", 0),
+                          shmem=kv.get("total_shmem", 0), swap=kv.get("total_swap", 0),
+                          refaults=kv.get("total_workingset_refault_anon", 0)
+                          + kv.get("total_workingset_refault_file", 0))
+
+    def memory_limit(self, rel: str) -> int:
+        return _read_int(self._dir("memory", rel) / "memory.limit_in_bytes")
+
+    def set_memory_limit(self, rel: str, limit: int) -> bool:
+        # Lowering limit_in_bytes below usage makes the writer reclaim (swap included when
+        # memsw allows it) until it fits, or fail with EBUSY after the kernel's retries.
+        return _write(self._dir("memory", rel) / "memory.limit_in_bytes", str(limit))
+
+    def set_swap(self, rel: str, memory: int, swap: int) -> bool:
+        # v1 has no swap knob: memsw is memory + swap together, never below memory.
+        return _write(self._dir("memory", rel) / "memory.memsw.limit_in_bytes",
+                      str(memory + swap))
+
+    def reclaim(self, rel: str, nbytes: int) -> bool:
+        raise NotImplementedError("cgroup v1 has no memory.reclaim; lower the limit")
+
+    def memory_pressure(self, rel: str) -> float | None:
+        return None  # v1 keeps no PSI per cgroup
+
+    def set_cpu_idle(self, rel: str, idle: bool) -> None:
+        d = self._dir("cpu", rel)
+        (d / "cpu.shares").write_text("2" if idle else "1024")  # 2: the kernel's minimum
+        if (d / "cpu.idle").exists():  # v1 has it too since 5.15
+            (d / "cpu.idle").write_text("1" if idle else "0")
+
+    def cpu_idle(self, rel: str) -> bool:
+        d = self._dir("cpu", rel)
+        if (d / "cpu.idle").exists():
+            return _read_int(d / "cpu.idle") == 1
+        return _read_int(d / "cpu.shares") == 2
+
 
 @dataclass(frozen=True)
 class CgroupV2(CgroupDriver):
     version: int = 2
 
     def _dir(self, rel: str) -> Path:
-        return ROOT / rel.lstrip("/")
+        return self.root / rel.lstrip("/")
 
     def oom_kills(self, rel: str) -> int:
         return _read_kv(self._dir(rel) / "memory.events").get("oom_kill", 0)
@@ -193,6 +296,43 @@ class CgroupV2(CgroupDriver):
         self.wait_frozen(lambda: next((ln for ln in (d / "cgroup.events").read_text()
                                        .splitlines() if ln.startswith("frozen")), ""), want)
 
+    def memory_stat(self, rel: str) -> MemoryStat:
+        d = self._dir(rel)
+        kv = _read_kv(d / "memory.stat")
+        return MemoryStat(anon=kv.get("anon", 0), file=kv.get("file", 0),
+                          shmem=kv.get("shmem", 0), swap=_read_int(d / "memory.swap.current"),
+                          refaults=kv.get("workingset_refault_anon", 0)
+                          + kv.get("workingset_refault_file", 0))
+
+    def memory_limit(self, rel: str) -> int:
+        raw = _read_text(self._dir(rel) / "memory.max")
+        return 1 << 62 if raw in ("max", "") else int(raw)
+
+    def set_memory_limit(self, rel: str, limit: int) -> bool:
+        d = self._dir(rel) / "memory.max"
+        ok = _write(d, str(limit))
+        # memory.max never fails: it reclaims, then OOM-kills what does not fit. Lowered
+        # only to reclaim, so report a limit the cgroup did not get down to as refused.
+        return ok and _read_int(self._dir(rel) / "memory.current") <= limit
+
+    def set_swap(self, rel: str, memory: int, swap: int) -> bool:
+        f = self._dir(rel) / "memory.swap.max"
+        if not f.exists():  # a kernel without swap accounting: nothing to limit
+            return swap == 0
+        return _write(f, str(swap))
+
+    def reclaim(self, rel: str, nbytes: int) -> bool:
+        return _write(self._dir(rel) / "memory.reclaim", str(max(nbytes, 0)))
+
+    def memory_pressure(self, rel: str) -> float | None:
+        return _psi_some_avg10(self._dir(rel) / "memory.pressure")
+
+    def set_cpu_idle(self, rel: str, idle: bool) -> None:
+        (self._dir(rel) / "cpu.idle").write_text("1" if idle else "0")
+
+    def cpu_idle(self, rel: str) -> bool:
+        return _read_int(self._dir(rel) / "cpu.idle") == 1
+
 
 def _rmdir_tree(path: Path) -> None:
     """cgroup dirs are removed with rmdir, deepest first; files inside are not real files."""
@@ -210,8 +350,25 @@ def _rmdir_tree(path: Path) -> None:
         pass
 
 
-def detect() -> CgroupDriver:
-    """v2 when /sys/fs/cgroup itself is the unified hierarchy, else v1 (hybrid included)."""
-    if (ROOT / "cgroup.controllers").exists():
-        return CgroupV2()
-    return CgroupV1()
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _psi_some_avg10(path: Path) -> float | None:
+    """``some avg10=`` of a PSI file (``/proc/pressure/*``, a v2 cgroup's ``*.pressure``)."""
+    for line in _read_text(path).splitlines():
+        if line.startswith("some "):
+            for word in line.split():
+                if word.startswith("avg10="):
+                    return float(word[6:])
+    return None
+
+
+def detect(root: Path = ROOT) -> CgroupDriver:
+    """v2 when ``root`` itself is the unified hierarchy, else v1 (hybrid included)."""
+    if (root / "cgroup.controllers").exists():
+        return CgroupV2(root=root)
+    return CgroupV1(root=root)

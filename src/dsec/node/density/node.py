@@ -1,0 +1,113 @@
+"""The node's density machinery in one place: swap, reclaim, CPU classes, KSM, host figures.
+
+:class:`NodeDensity` is what :class:`~dsec.node.service.NodeService` holds. The node calls
+:meth:`~NodeDensity.paused` after a freeze, :meth:`~NodeDensity.resuming` before a thaw and
+:meth:`~NodeDensity.stopping` before a stop; everything else here is read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from dsec.node.backends.base import Backend, ReclaimPlan, SandboxRecord
+from dsec.node.density import cpuclass, ksm
+from dsec.node.density.config import DensityConfig
+from dsec.node.density.pressure import HostFigures, HostSampler
+from dsec.node.density.reclaimer import KEY, Reclaimer
+from dsec.node.density.swap import SwapManager, SwapStatus
+
+__all__ = ["NodeDensity"]
+
+log = logging.getLogger("dsec.node.density")
+
+
+class NodeDensity:
+    """See the module docstring. ``persist(rec)`` saves a record in the node's store."""
+
+    def __init__(self, config: DensityConfig, persist: Callable[[SandboxRecord], None],
+                 swap: SwapManager | None = None, sampler: HostSampler | None = None) -> None:
+        self.config = config
+        self.swap = swap or SwapManager(config.swap)
+        self.sampler = sampler or HostSampler()
+        self.reclaimer = Reclaimer(config.reclaim_parallel, persist)
+        self.core = cpuclass.core_scheduling()
+        self.ksm_ok = False
+        self._swap_status = SwapStatus()
+        self._host: HostFigures | None = None
+        self._host_at = 0.0
+
+    async def open(self, backends: dict[str, Backend]) -> None:
+        """Set up swap (and KSM) when some backend can use them; as root only."""
+        if os.geteuid() != 0:
+            return
+        if self.config.reclaim_on_pause and any(b.can_reclaim for b in backends.values()):
+            mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            self._swap_status = await asyncio.to_thread(self.swap.ensure, mem)
+        if self.config.ksm and "container" in backends:
+            self.ksm_ok = ksm.merge_supported() and ksm.enable()
+            if not self.ksm_ok:
+                log.info("ksm: containers are not merged (%s)", ksm.status().note or "off")
+        log.info("cpu classes: %s", self.core.note)
+
+    async def close(self, sandboxes_left: bool) -> None:
+        await self.reclaimer.close()
+        await asyncio.to_thread(self.swap.release, sandboxes_left)
+
+    # ---- pause and resume ----
+    def plan(self, rec: SandboxRecord) -> ReclaimPlan:
+        """How much swap ``rec`` may fill: its memory_mb, and a share of the node's swap."""
+        total = self.swap.status().total
+        cap = int(total * self.config.swap.sandbox_fraction)
+        page = os.sysconf("SC_PAGE_SIZE")  # the kernel keeps limits in pages
+        return ReclaimPlan(swap_bytes=min(rec.spec.memory_mb << 20, cap) // page * page,
+                           step_bytes=self.config.reclaim_step_mb << 20)
+
+    def paused(self, rec: SandboxRecord, backend: Backend) -> None:
+        """``rec`` was just frozen: reclaim it in the background."""
+        if self.config.reclaim_on_pause and backend.can_reclaim:
+            self.reclaimer.start(rec, backend, self.plan(rec))
+
+    async def resuming(self, rec: SandboxRecord, backend: Backend) -> None:
+        """``rec`` is about to thaw: cancel its reclaim, restore limits, read memory back."""
+        try:
+            await self.reclaimer.undo(rec, backend)
+        except OSError as exc:  # thaw anyway: a sandbox with odd limits beats a stuck one
+            log.warning("could not restore the limits of %s: %s", rec.id, exc)
+
+    async def stopping(self, rec: SandboxRecord) -> None:
+        await self.reclaimer.cancel(rec.id)
+
+    # ---- figures ----
+    @staticmethod
+    def reclaim_info(rec: SandboxRecord) -> dict:
+        """What SandboxInfo says about the sandbox's reclaim."""
+        r = rec.runtime.get(KEY)
+        if not r:
+            return {}
+        out: dict = {"reclaim": r.get("state")}
+        if r.get("note"):
+            out["reclaim"] = f"{r['state']}: {r['note']}"
+        if "freed" in r:
+            out["memory_reclaimed_mb"] = round(r["freed"] / (1 << 20), 1)
+            out["memory_swapped_mb"] = round(r["swapped"] / (1 << 20), 1)
+        return out
+
+    def host(self) -> HostFigures:
+        """The host's figures, sampled at most every quarter second (a burst of creates
+        asks on every one)."""
+        now = time.monotonic()
+        if self._host is None or now - self._host_at >= 0.25:
+            self._host, self._host_at = self.sampler.sample(), now
+        return self._host
+
+    def ksm_note(self) -> str:
+        st = ksm.status()
+        if not self.config.ksm:
+            return "off (node config)"
+        if not self.ksm_ok:
+            return st.note or "off"
+        return f"merging containers; {st.pages_sharing * 4096 >> 20} MiB saved"
