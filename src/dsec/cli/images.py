@@ -70,9 +70,9 @@ def nodes(as_json: JsonOpt = False) -> None:
                       "mem " + _or(n.memory_pressure, "{:.1f}%") + " cpu "
                       + _or(n.cpu_pressure, "{:.1f}%"))
     out.print(table)
-    for n in found:
+    for n in found:  # notes, on stderr: stdout stays the table
         if n.core_scheduling or n.ksm:
-            out.print(f"{n.id}: {n.core_scheduling or ''}; KSM: {n.ksm or 'unknown'}")
+            err.print(f"{n.id}: {n.core_scheduling or ''}; KSM: {n.ksm or 'unknown'}")
 
 
 def _or(value, fmt: str) -> str:
