@@ -29,7 +29,7 @@ from dsec.gateway.routes import (files, fncall, images, jobs, network, processes
                                  streams, trajectory)
 from dsec.gateway.routes.common import Gateway
 from dsec.gateway.watcher import Watcher
-from dsec.integrations import sandboxfusion
+from dsec.integrations import e2b, sandboxfusion
 
 __all__ = ["create_app"]
 
@@ -45,8 +45,9 @@ answer."""
 
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
-               watcher: Watcher | None = None) -> FastAPI:
-    """The gateway app over ``cluster``; every route but /healthz needs ``token``."""
+               watcher: Watcher | None = None, e2b_config: e2b.E2BConfig | None = None) -> FastAPI:
+    """The gateway app over ``cluster``; every route but /healthz needs ``token`` (the
+    E2B-compatible routes under /e2b take it as E2B's API key)."""
     watcher = watcher or Watcher(cluster)
     gateway = Gateway(cluster=cluster, watcher=watcher, placer=Placer(cluster, watcher))
 
@@ -93,8 +94,9 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
                    images):
         app.include_router(module.router, tags=[module.__name__.rsplit(".", 1)[-1]])
     _mount_images(app, cluster)
+    e2b.mount(app, token, e2b_config)
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
-    app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(BearerAuth, token=token, delegated=e2b.OWN_AUTH)
     app.add_middleware(DocsPages)  # outside the bearer check: a browser sends no header
     app.add_middleware(RequestIds)  # every request's log lines carry its id
     app.add_middleware(metrics.RequestMetrics)

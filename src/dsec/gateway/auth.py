@@ -31,12 +31,21 @@ def load_or_create_token(state_dir: Path) -> tuple[str, bool]:
 
 
 class BearerAuth:
-    def __init__(self, app, token: str) -> None:
+    """Every path needs the bearer token, except :data:`OPEN_PATHS` and the paths under
+    ``delegated`` prefixes, whose routes check their callers themselves (the E2B API takes
+    the same token in E2B's own headers)."""
+
+    def __init__(self, app, token: str, delegated: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
+        self.delegated = tuple(p.rstrip("/") for p in delegated)
+
+    def _open(self, path: str) -> bool:
+        return path in OPEN_PATHS or any(path == p or path.startswith(p + "/")
+                                         for p in self.delegated)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or self._open(scope["path"]):
             return await self.app(scope, receive, send)
         got = dict(scope.get("headers") or []).get(b"authorization", b"")
         if hmac.compare_digest(got, self.expected):

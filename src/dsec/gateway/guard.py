@@ -29,7 +29,7 @@ __all__ = ["RequestGuard", "install_error_handlers"]
 
 log = logging.getLogger("dsec.gateway")
 # bodies that stream to a file and carry their own byte limits
-_STREAMED = re.compile(r"^/v1/(sandboxes/[^/]+/files(/tar)?|blobs/[^/]+)$")
+_STREAMED = re.compile(r"^(/v1/(sandboxes/[^/]+/files(/tar)?|blobs/[^/]+)|(/e2b/envd)?/files)$")
 
 
 def _response(err: DSecError) -> JSONResponse:

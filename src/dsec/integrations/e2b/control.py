@@ -1,0 +1,187 @@
+"""E2B's control plane (``E2B_API_URL=<dsec>/e2b``): sandboxes made, listed, kept, ended.
+
+Every route goes through the gateway's own sandbox routes and :func:`client_for`, so it
+works the same over the embedded node and over a cluster. A template is a dsec image name.
+Metadata becomes the sandbox's labels; the keys ``dsec.backend``, ``dsec.cpu``,
+``dsec.memory_mb`` and ``dsec.disk_mb`` also size the sandbox (E2B keeps that in the
+template, which dsec images do not carry). Errors answer E2B's ``{"code", "message"}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from dsec.api.errors import DSecError, InvalidArgument, NotFound, Unsupported
+from dsec.api.models import SandboxInfo, SandboxSpec, describe, validated
+from dsec.gateway.routes import sandboxes as gw
+from dsec.gateway.routes.common import client_for
+from dsec.integrations.e2b.auth import Keys
+from dsec.integrations.e2b.config import E2BConfig
+from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutRequest, created,
+                                          detail, listed)
+
+__all__ = ["control_router"]
+
+_SIZING = {"dsec.backend": "backend", "dsec.cpu": "cpu", "dsec.memory_mb": "memory_mb",
+           "dsec.disk_mb": "disk_mb"}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+class _E2BRoute(APIRoute):
+    """Checks the API key first, and answers every failure in E2B's error shape."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            keys: Keys = request.app.state.e2b_keys
+            if not keys.api_key_ok(request.headers.get("x-api-key")):
+                return _error(401, "missing or wrong API key: set E2B_API_KEY to the dsec "
+                                   "server's token")
+            try:
+                return await handler(request)
+            except DSecError as exc:
+                return _error(exc.status, exc.message)
+            except RequestValidationError as exc:
+                return _error(400, describe(exc))
+
+        return route
+
+
+def _not_found(sb_id: str) -> NotFound:
+    return NotFound(f"sandbox {sb_id} not found")
+
+
+def _spec(body: NewSandbox, config: E2BConfig) -> SandboxSpec:
+    refused = [name for name, value in (
+        ("autoPause", body.auto_pause), ("network", body.network), ("mcp", body.mcp),
+        ("iam", body.iam), ("volumeMounts", body.volume_mounts),
+        ("autoResume", body.auto_resume)) if value]
+    if refused:
+        raise InvalidArgument(f"dsec's E2B API does not support {', '.join(refused)}: leave "
+                              f"{'it' if len(refused) == 1 else 'them'} unset")
+    if body.allow_internet_access:
+        raise InvalidArgument("allow_internet_access=True is not supported: sandboxes made "
+                              "through dsec's E2B API have loopback networking only; leave "
+                              "it unset or False")
+    metadata = body.metadata or {}
+    sizing = {field: metadata[key] for key, field in _SIZING.items() if key in metadata}
+    timeout = body.timeout if body.timeout else config.default_timeout_s
+    return validated(SandboxSpec, image=body.template_id, labels=metadata,
+                     env=body.env_vars or {}, ttl_s=float(timeout), **sizing)
+
+
+async def _info(request: Request, sb_id: str) -> SandboxInfo:
+    info = await client_for(request, sb_id).get(sb_id)
+    if info.state in ("stopped", "failed"):
+        raise _not_found(sb_id)
+    return info
+
+
+def _metadata_filter(raw: str | None) -> list[str]:
+    """``k=v&k2=v2`` (each part URL-quoted) as the gateway's ``label`` filters."""
+    from urllib.parse import parse_qsl
+    return [f"{k}={v}" for k, v in parse_qsl(raw or "", keep_blank_values=True)]
+
+
+def control_router(config: E2BConfig) -> APIRouter:
+    """The routes under ``/e2b``."""
+    router = APIRouter(prefix="/e2b", route_class=_E2BRoute, include_in_schema=False)
+
+    async def create(request: Request, body: NewSandbox) -> JSONResponse:
+        info = await gw.create(request, _spec(body, config))
+        keys: Keys = request.app.state.e2b_keys
+        return JSONResponse(created(info, keys.access_token(info.id)).model_dump(
+            exclude_none=True), status_code=201)
+
+    router.post("/sandboxes")(create)
+    router.post("/v2/sandboxes")(create)
+
+    async def list_(request: Request, metadata: str | None = None, state: str | None = None,
+                    limit: int = 100, nextToken: str | None = None) -> JSONResponse:
+        if not 1 <= limit <= 10000:
+            raise InvalidArgument(f"limit must be between 1 and 10000; got {limit}")
+        if nextToken is not None and not nextToken.isdigit():
+            raise InvalidArgument(f"nextToken {nextToken[:40]!r} is not one this API gave")
+        wanted = set((state or "running,paused").split(","))
+        if bad := wanted - {"running", "paused"}:
+            raise InvalidArgument(f"state must be running and/or paused; got {sorted(bad)}")
+        found = await gw.list_sandboxes(request, job=None, label=_metadata_filter(metadata),
+                                        request_id=None)
+        rows = sorted((listed(s) for s in found.sandboxes if s.state not in
+                       ("stopped", "failed")), key=lambda r: (r.startedAt, r.sandboxID))
+        rows = [r for r in rows if r.state in wanted]
+        start = int(nextToken or 0)
+        page = rows[start:start + limit]
+        headers = {"x-next-token": str(start + limit)} if start + limit < len(rows) else {}
+        return JSONResponse([r.model_dump(exclude_none=True) for r in page], headers=headers)
+
+    router.get("/sandboxes")(list_)
+    router.get("/v2/sandboxes")(list_)
+
+    @router.get("/sandboxes/{sb_id}")
+    async def get(request: Request, sb_id: str) -> JSONResponse:
+        keys: Keys = request.app.state.e2b_keys
+        info = await _info(request, sb_id)
+        return JSONResponse(detail(info, keys.access_token(sb_id)).model_dump(
+            exclude_none=True))
+
+    @router.delete("/sandboxes/{sb_id}", status_code=204)
+    async def kill(request: Request, sb_id: str) -> Response:
+        await _info(request, sb_id)
+        await client_for(request, sb_id).stop(sb_id)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sb_id}/pause", status_code=204)
+    async def pause(request: Request, sb_id: str) -> Response:
+        if (await _info(request, sb_id)).state == "paused":
+            return _error(409, f"sandbox {sb_id} is already paused")
+        await client_for(request, sb_id).pause(sb_id)
+        return Response(status_code=204)
+
+    async def connect(request: Request, sb_id: str,
+                      body: ConnectRequest | None = None) -> JSONResponse:
+        info = await _info(request, sb_id)
+        status = 200
+        if info.state == "paused":
+            info = await client_for(request, sb_id).resume(sb_id)
+            status = 201
+        if body is not None and body.timeout:
+            info = await _extend(request, info, body.timeout, only_longer=True)
+        keys: Keys = request.app.state.e2b_keys
+        return JSONResponse(created(info, keys.access_token(sb_id)).model_dump(
+            exclude_none=True), status_code=status)
+
+    router.post("/sandboxes/{sb_id}/connect")(connect)
+    router.post("/v2/sandboxes/{sb_id}/connect")(connect)
+    router.post("/sandboxes/{sb_id}/resume")(connect)
+
+    @router.post("/sandboxes/{sb_id}/timeout", status_code=204)
+    async def set_timeout(request: Request, sb_id: str, body: TimeoutRequest) -> Response:
+        await _extend(request, await _info(request, sb_id), body.timeout, only_longer=False)
+        return Response(status_code=204)
+
+    return router
+
+
+async def _extend(request: Request, info: SandboxInfo, timeout: int,
+                  only_longer: bool) -> SandboxInfo:
+    """Make the sandbox end ``timeout`` seconds from now (E2B's timeout counts from the
+    call, dsec's ``ttl_s`` from creation)."""
+    ends = time.time() + timeout
+    if only_longer and info.expires_at is not None and info.expires_at >= ends:
+        return info
+    client = client_for(request, info.id)
+    set_ttl = getattr(client, "set_ttl", None)
+    if set_ttl is None:
+        raise Unsupported("this dsec server cannot change a running sandbox's timeout yet")
+    return await set_ttl(info.id, ends - info.created_at)
