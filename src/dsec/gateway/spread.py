@@ -13,11 +13,11 @@ import asyncio
 from collections.abc import Iterable
 
 from dsec.api.errors import Capacity, DSecError
-from dsec.api.models import CreateManyRequest, SandboxInfo
+from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxList, SandboxSpec
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
 
-__all__ = ["create_batch", "healthy_clients", "runs"]
+__all__ = ["create_one", "create_batch", "list_all", "healthy_clients", "runs"]
 
 
 def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
@@ -26,6 +26,40 @@ def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
     for c in gw.cluster.clients():
         (ok if gw.watcher.healthy(c.node_id) else down).append(c)
     return ok, [c.node_id for c in down]
+
+
+async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
+    """One sandbox, on the node placement picks; a node that refuses (its admission has
+    the last word) is skipped and the next choice tried."""
+    tried: list[str] = []
+    while True:
+        client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
+                                  key=spec.request_id)
+        try:
+            return await client.create(spec)
+        except Capacity:
+            tried.append(client.node_id)
+            metrics.RETRIES.labels("refused").inc()
+            if len(tried) >= len(gw.cluster.clients()):
+                raise
+
+
+async def list_all(gw, job: str | None = None, labels: dict[str, str] | None = None,
+                   request_id: str | None = None) -> SandboxList:
+    """The sandboxes of every healthy node; the others are named ``unreachable``."""
+    clients, down = healthy_clients(gw)
+    results = await asyncio.gather(*(c.list(job=job, labels=labels or {},
+                                            request_id=request_id) for c in clients),
+                                   return_exceptions=True)
+    out = []
+    for c, r in zip(clients, results):
+        if isinstance(r, DSecError):
+            down.append(c.node_id)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            out.extend(r)
+    return SandboxList(sandboxes=out, unreachable=down)
 
 
 def runs(indices: Iterable[int]) -> list[tuple[int, int]]:

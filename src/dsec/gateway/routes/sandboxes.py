@@ -7,14 +7,13 @@ import asyncio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from dsec.api.errors import Capacity, DSecError, InvalidArgument
+from dsec.api.errors import InvalidArgument
 from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
                              SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.cluster.http import load_to_wire
-from dsec.gateway import metrics
 from dsec.gateway.routes.common import client_for, gateway_of, model_response
-from dsec.gateway.spread import create_batch, healthy_clients
+from dsec.gateway.spread import create_batch, create_one, healthy_clients, list_all
 from dsec.placement.admission import NodeLoad
 
 __all__ = ["router", "CreateManyResponse"]
@@ -26,18 +25,7 @@ router = APIRouter(prefix="/v1")
 async def create(request: Request, spec: SandboxSpec) -> Response:
     """Placed on the node placement picks; a node that refuses (its admission has the last
     word) is skipped and the next choice tried."""
-    gw = gateway_of(request)
-    tried: list[str] = []
-    while True:
-        client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
-                                  key=spec.request_id)
-        try:
-            return model_response(await client.create(spec), 201)
-        except Capacity:
-            tried.append(client.node_id)
-            metrics.RETRIES.labels("refused").inc()
-            if len(tried) >= len(gw.cluster.clients()):
-                raise
+    return model_response(await create_one(gateway_of(request), spec), 201)
 
 
 @router.post("/sandboxes/batch", response_model=CreateManyResponse, status_code=201)
@@ -59,18 +47,7 @@ async def list_sandboxes(request: Request, job: str | None = None,
         if not sep:
             raise InvalidArgument(f"label filter must be key=value; got {item!r}")
         labels[k] = v
-    clients, down = healthy_clients(gateway_of(request))
-    results = await asyncio.gather(*(c.list(job=job, labels=labels, request_id=request_id)
-                                     for c in clients), return_exceptions=True)
-    out = []
-    for c, r in zip(clients, results):
-        if isinstance(r, DSecError):
-            down.append(c.node_id)
-        elif isinstance(r, BaseException):
-            raise r
-        else:
-            out.extend(r)
-    return SandboxList(sandboxes=out, unreachable=down)
+    return await list_all(gateway_of(request), job, labels, request_id)
 
 
 @router.get("/sandboxes/{sb_id}", response_model=SandboxInfo)

@@ -8,8 +8,9 @@ Point the SDK at a dsec gateway::
 Connect RPC and file routes (:mod:`.envd`). Both reach sandboxes only through the
 gateway's routes and :class:`~dsec.cluster.nodeclient.NodeClient`, so they work the same in
 ``dsec serve`` and over a cluster, and they check the caller themselves (E2B's headers are
-not dsec's bearer token), which is why the gateway's auth leaves :data:`OWN_AUTH` to them. Signed file URLs
-(``download_url``/``upload_url``) point at ``<dsec>/files``: the SDK builds them that way.
+not dsec's bearer token), which is why the gateway's auth leaves :data:`OWN_AUTH` to them.
+Signed file URLs (``download_url``/``upload_url``) point at ``<dsec>/files``: the SDK
+builds them that way.
 """
 
 from __future__ import annotations

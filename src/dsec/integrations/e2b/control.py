@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from dsec.api.errors import DSecError, InvalidArgument, NotFound, Unsupported
+from dsec.api.errors import DSecError, InvalidArgument, NotFound
 from dsec.api.models import SandboxInfo, SandboxSpec, describe, validated
-from dsec.gateway.routes import sandboxes as gw
-from dsec.gateway.routes.common import client_for
+from dsec.api.process import MAX_TIMEOUT_S
+from dsec.gateway.routes.common import client_for, gateway_of
+from dsec.gateway.spread import create_one, list_all
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutRequest, created,
@@ -87,10 +89,9 @@ async def _info(request: Request, sb_id: str) -> SandboxInfo:
     return info
 
 
-def _metadata_filter(raw: str | None) -> list[str]:
-    """``k=v&k2=v2`` (each part URL-quoted) as the gateway's ``label`` filters."""
-    from urllib.parse import parse_qsl
-    return [f"{k}={v}" for k, v in parse_qsl(raw or "", keep_blank_values=True)]
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    """``k=v&k2=v2`` (each part URL-quoted) as label filters."""
+    return dict(parse_qsl(raw or "", keep_blank_values=True))
 
 
 def control_router(config: E2BConfig) -> APIRouter:
@@ -98,7 +99,7 @@ def control_router(config: E2BConfig) -> APIRouter:
     router = APIRouter(prefix="/e2b", route_class=_E2BRoute, include_in_schema=False)
 
     async def create(request: Request, body: NewSandbox) -> JSONResponse:
-        info = await gw.create(request, _spec(body, config))
+        info = await create_one(gateway_of(request), _spec(body, config))
         keys: Keys = request.app.state.e2b_keys
         return JSONResponse(created(info, keys.access_token(info.id)).model_dump(
             exclude_none=True), status_code=201)
@@ -115,8 +116,7 @@ def control_router(config: E2BConfig) -> APIRouter:
         wanted = set((state or "running,paused").split(","))
         if bad := wanted - {"running", "paused"}:
             raise InvalidArgument(f"state must be running and/or paused; got {sorted(bad)}")
-        found = await gw.list_sandboxes(request, job=None, label=_metadata_filter(metadata),
-                                        request_id=None)
+        found = await list_all(gateway_of(request), labels=_metadata_filter(metadata))
         rows = sorted((listed(s) for s in found.sandboxes if s.state not in
                        ("stopped", "failed")), key=lambda r: (r.startedAt, r.sandboxID))
         rows = [r for r in rows if r.state in wanted]
@@ -175,13 +175,11 @@ def control_router(config: E2BConfig) -> APIRouter:
 
 async def _extend(request: Request, info: SandboxInfo, timeout: int,
                   only_longer: bool) -> SandboxInfo:
-    """Make the sandbox end ``timeout`` seconds from now (E2B's timeout counts from the
-    call, dsec's ``ttl_s`` from creation)."""
+    """Make the sandbox end ``timeout`` seconds from now (``only_longer``: unless it ends
+    later already, as E2B's connect does)."""
+    if timeout > MAX_TIMEOUT_S:
+        raise InvalidArgument(f"timeout must be at most {MAX_TIMEOUT_S:g} s; got {timeout}")
     ends = time.time() + timeout
     if only_longer and info.expires_at is not None and info.expires_at >= ends:
         return info
-    client = client_for(request, info.id)
-    set_ttl = getattr(client, "set_ttl", None)
-    if set_ttl is None:
-        raise Unsupported("this dsec server cannot change a running sandbox's timeout yet")
-    return await set_ttl(info.id, ends - info.created_at)
+    return await client_for(request, info.id).set_timeout(info.id, float(timeout))

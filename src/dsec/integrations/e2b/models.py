@@ -38,7 +38,7 @@ class NewSandbox(_Body):
 
 
 class TimeoutRequest(_Body):
-    timeout: int = Field(ge=0, le=86400 * 30)
+    timeout: int = Field(ge=1, le=86400 * 30)
 
 
 class ConnectRequest(_Body):
