@@ -45,7 +45,8 @@ answer."""
 
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
-               watcher: Watcher | None = None, e2b_config: e2b.E2BConfig | None = None) -> FastAPI:
+               watcher: Watcher | None = None,
+               e2b_config: e2b.E2BConfig | None = None) -> FastAPI:
     """The gateway app over ``cluster``; every route but /healthz needs ``token`` (the
     E2B-compatible routes under /e2b take it as E2B's API key)."""
     watcher = watcher or Watcher(cluster)
