@@ -189,7 +189,16 @@ def test_wrong_access_token_is_refused(sbx, e2b_env):
 def test_unknown_template_names_it(e2b_env):
     with pytest.raises(SandboxException) as exc:
         Sandbox.create(template="no-such-image")
-    assert "no-such-image" in str(exc.value) and exc.value.status_code == 404
+    assert "template 'no-such-image' not found" in str(exc.value)
+    assert exc.value.status_code == 404
+
+
+def test_an_unserved_call_is_the_sdks_error_naming_it(sbx, e2b_env):
+    with pytest.raises(SandboxException) as exc:
+        sbx.get_metrics()
+    assert exc.value.status_code == 501 and "metrics" in str(exc.value)
+    r = httpx.post(f"{e2b_env.url}/e2b/envd/process.Process/Nope", json={})
+    assert r.status_code == 501 and r.json()["code"] == "unimplemented"
 
 
 def test_output_over_the_limit_is_an_error_not_a_cut(sbx):
@@ -219,3 +228,37 @@ def test_stream_envelope_must_match_its_length(sbx, e2b_env):
                             sbx._envd_access_token, "content-type": "application/connect+json"})
     flags, size = struct.unpack(">BI", r.content[:5])
     assert r.status_code == 200 and flags == 2 and b"invalid_argument" in r.content[5:]
+
+
+# ---- cluster mode ----
+
+@pytest.fixture(scope="module")
+def gateway(server, tmp_path_factory):
+    """A gateway process of its own over the session server's node agent (HTTP NodeClient)."""
+    from tests.support.server import ServerProcess
+    state = tmp_path_factory.mktemp("e2b-gateway")
+    (state / "token").write_text(server.token + "\n")
+    (state / "token").chmod(0o600)
+    gw = ServerProcess(state_dir=state, extra_args=["--node", server.url]).start()
+    yield gw
+    gw.destroy()
+
+
+def test_the_sdk_works_through_a_gateway_over_a_remote_node(gateway, monkeypatch):
+    monkeypatch.setenv("E2B_API_URL", f"{gateway.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{gateway.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", gateway.token)
+    sb = Sandbox.create(template="busybox", metadata={"via": "gateway"})
+    try:
+        assert sb.commands.run("echo far; echo err >&2").stdout == "far\n"
+        h = sb.commands.run("sleep 60", background=True)
+        assert h.pid in [p.pid for p in sb.commands.list()] and h.kill()
+        sb.files.write("/tmp/f", "remote")
+        assert sb.files.read("/tmp/f") == "remote"
+        assert httpx.get(sb.download_url("/tmp/f")).content == b"remote"
+        sb.set_timeout(1800)
+        assert abs(sb.get_info().end_at.timestamp() - (time.time() + 1800)) < 30
+        assert [s.sandbox_id for s in Sandbox.list(
+            query=SandboxQuery(metadata={"via": "gateway"})).next_items()] == [sb.sandbox_id]
+    finally:
+        sb.kill()

@@ -19,8 +19,9 @@ from fastapi import FastAPI
 
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.config import E2BConfig
-from dsec.integrations.e2b.control import control_router
-from dsec.integrations.e2b.envd import SIGNED_FILES, envd_router, signed_files_router
+from dsec.integrations.e2b.control import control_router, fallback_router
+from dsec.integrations.e2b.envd import (SIGNED_FILES, envd_fallback_router, envd_router,
+                                        signed_files_router)
 
 __all__ = ["mount", "E2BConfig", "PREFIX", "OWN_AUTH"]
 
@@ -32,6 +33,8 @@ def mount(app: FastAPI, token: str, config: E2BConfig | None = None) -> None:
     """Add the E2B routes to the gateway ``app``, checking callers against ``token``."""
     config = config or E2BConfig()
     app.state.e2b_keys = Keys(token)
-    app.include_router(envd_router(config))   # first: /e2b/envd/... before /e2b/{...}
-    app.include_router(control_router(config))
-    app.include_router(signed_files_router())
+    # in this order: envd's routes before the control plane's /e2b/sandboxes/{id}, and the
+    # catch-alls (an unserved path answers in its protocol's shape) last
+    for router in (envd_router(config), control_router(config), signed_files_router(),
+                   envd_fallback_router(), fallback_router()):
+        app.include_router(router)

@@ -28,7 +28,7 @@ from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutRequest, created,
                                           detail, listed)
 
-__all__ = ["control_router"]
+__all__ = ["control_router", "fallback_router"]
 
 _SIZING = {"dsec.backend": "backend", "dsec.cpu": "cpu", "dsec.memory_mb": "memory_mb",
            "dsec.disk_mb": "disk_mb"}
@@ -99,7 +99,14 @@ def control_router(config: E2BConfig) -> APIRouter:
     router = APIRouter(prefix="/e2b", route_class=_E2BRoute, include_in_schema=False)
 
     async def create(request: Request, body: NewSandbox) -> JSONResponse:
-        info = await create_one(gateway_of(request), _spec(body, config))
+        spec = _spec(body, config)
+        try:
+            info = await create_one(gateway_of(request), spec)
+        except NotFound as exc:
+            if spec.image not in exc.message:
+                raise
+            raise NotFound(f"template {spec.image!r} not found: a template is a dsec image "
+                           f"name (`dsec images` lists them): {exc.message}") from exc
         keys: Keys = request.app.state.e2b_keys
         return JSONResponse(created(info, keys.access_token(info.id)).model_dump(
             exclude_none=True), status_code=201)
@@ -169,6 +176,21 @@ def control_router(config: E2BConfig) -> APIRouter:
     async def set_timeout(request: Request, sb_id: str, body: TimeoutRequest) -> Response:
         await _extend(request, await _info(request, sb_id), body.timeout, only_longer=False)
         return Response(status_code=204)
+
+    return router
+
+
+def fallback_router() -> APIRouter:
+    """Anything else under ``/e2b`` (templates, metrics, snapshots, volumes...): a clear
+    501 in E2B's shape, which the SDK raises as its own error (a framework 404 in dsec's
+    shape would not parse as E2B's)."""
+    router = APIRouter(prefix="/e2b", route_class=_E2BRoute, include_in_schema=False)
+
+    @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def unserved(request: Request, rest: str) -> JSONResponse:
+        return _error(501, f"dsec's E2B API does not serve {request.method} /{rest}: it "
+                           "serves sandboxes (create, list, get, connect, timeout, pause, "
+                           "kill), their commands and their files")
 
     return router
 

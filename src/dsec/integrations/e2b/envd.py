@@ -31,7 +31,7 @@ from dsec.integrations.e2b.messages import (Empty, ListDirRequest, MoveRequest, 
                                             SendSignalRequest, StartRequest)
 from dsec.integrations.e2b.process import Target, decode_user
 
-__all__ = ["envd_router", "signed_files_router", "SIGNED_FILES"]
+__all__ = ["envd_router", "envd_fallback_router", "signed_files_router", "SIGNED_FILES"]
 
 PREFIX = "/e2b/envd"
 SIGNED_FILES = "/files"
@@ -123,6 +123,18 @@ def envd_router(config: E2BConfig) -> APIRouter:
     router.get("/health")(_health)
     router.get("/files")(_download)
     router.post("/files")(_upload)
+    return router
+
+
+def envd_fallback_router() -> APIRouter:
+    """Any other envd path: Connect's ``unimplemented``, in Connect's shape."""
+    router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+    @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def unserved(request: Request, rest: str) -> Response:
+        return error_response(RpcError("unimplemented", f"dsec's envd does not serve "
+                                                         f"{request.method} /{rest}"))
+
     return router
 
 
