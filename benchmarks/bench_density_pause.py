@@ -56,9 +56,9 @@ async def round_(state: Path, count: int, reclaim: bool) -> dict:
         spec = SandboxSpec(image="python:3.11", memory_mb=160, cpu=0.1, job="bench",
                            ttl_s=None)
         ids = [i.id for i in await asyncio.gather(*(node.create(spec) for _ in range(count)))]
-        await asyncio.gather(*(node.files(i) for i in ids))
         for i in ids:
-            (await node.files(i)).write("/tmp/hold.py", HOLD.encode())
+            with (await node.files(i)).open_write("/tmp/hold.py") as f:
+                f.write(HOLD.encode())
         await asyncio.gather(*(node.exec(i, ExecRequest(cmd=["python3", "/tmp/hold.py"],
                                                          background=True)) for i in ids))
         for i in ids:
