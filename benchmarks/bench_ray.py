@@ -39,8 +39,9 @@ def ray_cluster():
 
 def gateway_process(address: str, state: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    (state / "token").write_text(TOKEN)
-    os.chmod(state / "token", 0o600)
+    for name in ("token", "cluster_token"):  # the node actors were given TOKEN as the
+        (state / name).write_text(TOKEN)      # cluster credential
+        os.chmod(state / name, 0o600)
     proc = subprocess.Popen([sys.executable, "-m", "dsec.gateway.server", "--ray", address,
                              "--state-dir", str(state), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

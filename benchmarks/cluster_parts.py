@@ -162,8 +162,9 @@ class GatewayProc:
     def __init__(self, root: Path, index: int, urls: list[str]) -> None:
         self.dir = root / f"gateway{index}"
         self.dir.mkdir(mode=0o700)
-        shutil.copy(root / "token", self.dir / "token")
-        os.chmod(self.dir / "token", 0o600)
+        for name in ("token", "cluster_token"):  # one secret as root token and the nodes'
+            shutil.copy(root / "token", self.dir / name)  # credential: the load sends it
+            os.chmod(self.dir / name, 0o600)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "dsec.gateway.server", "--state-dir", str(self.dir),

@@ -6,11 +6,13 @@
         r = await sb.exec("echo hello")
 """
 
-from dsec.api.errors import (Capacity, Conflict, DSecError, Internal, InvalidArgument,
-                             NodeLost, NotFound, SandboxStopped, SandboxTimeout,
+from dsec.api.errors import (Capacity, Conflict, DSecError, Forbidden, Internal,
+                             InvalidArgument, NodeLost, NotFound, QuotaExceeded,
+                             SandboxStopped, SandboxTimeout,
                              TrajectoryDiverged, RemoteError, Unauthorized, Unavailable,
                              Unsupported)
 from dsec.api.fncall import FnCallResult
+from dsec.api.projects import Quota
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, SandboxInfo, SandboxSpec
 from dsec.api.process import ProcessInfo
 from dsec.sdk import (AsyncClient, AsyncProcess, AsyncPty, AsyncSandbox, AsyncShell, Client,
@@ -22,8 +24,9 @@ __all__ = [
     "AsyncClient", "Client", "AsyncSandbox", "Sandbox", "AsyncShell", "Shell",
     "AsyncProcess", "Process", "AsyncPty", "Pty",
     "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
-    "ProcessInfo",
-    "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity", "SandboxTimeout",
+    "ProcessInfo", "Quota",
+    "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Forbidden", "Capacity",
+    "QuotaExceeded", "SandboxTimeout",
     "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged", "Unavailable",
     "NodeLost", "RemoteError", "Internal",
 ]

@@ -16,7 +16,8 @@ from dsec.cluster.static import StaticCluster
 from dsec.gateway.app import create_app
 from dsec.gateway.watcher import Watcher
 
-TOKEN = "dsec_test_static"
+TOKEN = "dsec_test_static"       # the cluster credential: gateway -> node
+ROOT = "dsec_test_static_root"   # the gateway's root token: user -> gateway
 NODES = 5
 
 
@@ -24,7 +25,7 @@ NODES = 5
 async def _gateway(urls: list[str]):
     import uvicorn
     watcher_cluster = StaticCluster(urls, TOKEN)
-    app = create_app(watcher_cluster, TOKEN,
+    app = create_app(watcher_cluster, ROOT,
                      watcher=Watcher(watcher_cluster, period_s=0.2, stale_after_s=1.0))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
@@ -35,7 +36,7 @@ async def _gateway(urls: list[str]):
         await asyncio.sleep(0.01)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     async with httpx.AsyncClient(base_url=url, timeout=10,
-                                 headers={"authorization": f"Bearer {TOKEN}"}) as http:
+                                 headers={"authorization": f"Bearer {ROOT}"}) as http:
         try:
             yield http
         finally:
@@ -111,3 +112,34 @@ async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes)
         assert victim not in {s["node"] for s in more.json()["sandboxes"]}
         listed = (await gw.get("/v1/sandboxes")).json()
         assert listed["unreachable"] == [victim]
+
+
+async def test_a_node_takes_only_the_cluster_credential_and_the_gateway_scopes_it(nodes):
+    async with _gateway(nodes.urls) as gw:
+        r = await gw.post("/v1/projects", json={"path": "team"})
+        assert r.status_code == 201, r.text
+        made = await gw.post("/v1/projects/tokens", params={"path": "team"}, json={})
+        user = made.json()["token"]
+        mine = await gw.post("/v1/sandboxes", json={"cpu": 0.05, "memory_mb": 64},
+                             headers={"authorization": f"Bearer {user}"})
+        assert mine.status_code == 201 and mine.json()["project"] == "team"
+        root_sb = await gw.post("/v1/sandboxes", json={"cpu": 0.05, "memory_mb": 64})
+        theirs = root_sb.json()["id"]
+        # the project is carried over the hop to the node, which enforces it
+        got = await gw.get(f"/v1/sandboxes/{theirs}", headers={"authorization": f"Bearer {user}"})
+        assert got.status_code == 404
+        url = nodes.urls[0]
+        async with httpx.AsyncClient(base_url=url, timeout=10) as node:
+            for token in (user, ROOT, None):
+                headers = {"authorization": f"Bearer {token}"} if token else {}
+                r = await node.get("/v1/sandboxes", headers=headers)
+                assert r.status_code == 401, token
+                assert "cluster credential" in r.json()["error"]["message"]
+            ok = await node.get("/v1/sandboxes", headers={"authorization": f"Bearer {TOKEN}",
+                                                          "x-dsec-project": "team"})
+            assert ok.status_code == 200
+            assert {s["project"] for s in ok.json()["sandboxes"]} <= {"team"}
+        # a user sending the scope header to the gateway changes nothing
+        forged = await gw.get(f"/v1/sandboxes/{theirs}",
+                              headers={"authorization": f"Bearer {user}", "x-dsec-project": ""})
+        assert forged.status_code == 404

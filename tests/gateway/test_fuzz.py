@@ -5,7 +5,7 @@ sandbox exists that no caller was given.
 Bounded in time: a few examples per operation and mode (``FUZZ_EXAMPLES``, default 30;
 about a minute on two cores). A few
 fields are clamped so the fuzz stays cheap, not so it stays polite: command timeouts, batch
-counts, background commands. Every sandbox a create returned is stopped at once.
+counts, background commands, how long a create may wait for room. Every sandbox a create returned is stopped at once.
 """
 
 from __future__ import annotations
@@ -92,6 +92,10 @@ def _aim(case, live: dict) -> None:
             body["timeout_s"] = max(ttl, 600)  # the live sandbox must outlive the fuzz
         if case.path == "/v1/sandboxes/batch" and isinstance(body.get("count"), int):
             body["count"] = min(body["count"], 2)
+        for spec in (body, body.get("spec")):  # a create queued for room waits wait_s
+            if isinstance(spec, dict) and isinstance(spec.get("wait_s"), (int, float)) \
+                    and not isinstance(spec["wait_s"], bool):
+                spec["wait_s"] = min(spec["wait_s"], 0.1)
 
 
 def _returned(content: bytes) -> list[str]:

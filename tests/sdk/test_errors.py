@@ -26,6 +26,7 @@ from dsec.api.process import ProcessInfo
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.process import AsyncProcess
 from dsec.sdk.pty import AsyncPty
+from dsec.sdk.projects import AsyncProjects
 from dsec.sdk.sandbox import AsyncInput
 from tests.support.server import free_port
 
@@ -42,13 +43,14 @@ def _samples(tmp: Path) -> dict[str, object]:
             "count": 2, "sandbox_id": "sb-0000-x", "job": "job-1", "tag": "t:1", "allow": {},
             "text": "a", "x": 1, "y": 1, "calls": ["print(1)"], "name": "busybox",
             "local_dir": tmp / "dir", "pid": 7, "timeout_s": 30.0, "rows": 24, "cols": 80,
-            "signal": 9}
+            "signal": 9, "quota": dsec.Quota(sandboxes=1), "token": "tok-1",
+            "project": "team/a"}
 
 
 def _targets(client: AsyncClient):
     """(object, method name) for every public async method of every SDK class."""
     sb = AsyncSandbox(client, INFO)
-    objects = [client, sb, sb.files, sb.input, client.jobs,
+    objects = [client, sb, sb.files, sb.input, client.jobs, client.projects,
                AsyncShell(client, ShellInfo(id="sh-1", sandbox_id=INFO.id)),
                AsyncProcess(client, INFO.id, ProcessInfo(pid=7, cmd="x", started_at=0,
                                                          running=True))]
@@ -63,7 +65,7 @@ def _targets(client: AsyncClient):
 
 def test_every_sdk_class_is_covered():
     classes = {AsyncClient, AsyncSandbox, AsyncShell, AsyncFiles, AsyncInput, AsyncJobs,
-               AsyncProcess, AsyncPty}
+               AsyncProcess, AsyncPty, AsyncProjects}
     # every class the SDK's sync face wraps is one this test drives
     from dsec.sdk.sync import _WRAPPERS
     assert set(_WRAPPERS) <= classes, set(_WRAPPERS) - classes

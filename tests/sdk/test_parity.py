@@ -9,14 +9,16 @@ import dsec
 from dsec.sdk import AsyncClient, AsyncFiles, AsyncSandbox, AsyncShell, Client
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.process import AsyncProcess
+from dsec.sdk.projects import AsyncProjects
 from dsec.sdk.pty import AsyncPty
 from dsec.sdk.sandbox import AsyncInput
 from dsec.sdk.stubs import STUB_PATH, render
-from dsec.sdk.sync import _WRAPPERS, Files, Input, Jobs, Process, Pty, Sandbox, Shell
+from dsec.sdk.sync import (_WRAPPERS, Files, Input, Jobs, Process, Projects, Pty, Sandbox,
+                           Shell)
 
 PAIRS = [(AsyncClient, Client), (AsyncSandbox, Sandbox), (AsyncShell, Shell),
          (AsyncFiles, Files), (AsyncInput, Input), (AsyncJobs, Jobs),
-         (AsyncProcess, Process), (AsyncPty, Pty)]
+         (AsyncProcess, Process), (AsyncPty, Pty), (AsyncProjects, Projects)]
 
 
 def public_methods(cls):
@@ -81,7 +83,8 @@ def test_public_names():
         "AsyncProcess", "Process", "AsyncPty", "Pty", "ProcessInfo", "SandboxSpec", "SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "FnCallResult",
         "DSecError", "NotFound", "InvalidArgument", "Unauthorized", "Capacity",
         "SandboxTimeout", "SandboxStopped", "Unsupported", "Conflict", "TrajectoryDiverged",
-        "Unavailable", "NodeLost", "RemoteError", "Internal"}
+        "Unavailable", "NodeLost", "RemoteError", "Internal", "Quota", "Forbidden",
+        "QuotaExceeded"}
     for name in dsec.__all__:
         assert getattr(dsec, name) is not None
 

@@ -14,7 +14,9 @@ __all__ = [
     "InvalidArgument",
     "TooLarge",
     "Unauthorized",
+    "Forbidden",
     "Capacity",
+    "QuotaExceeded",
     "SandboxTimeout",
     "SandboxStopped",
     "Unsupported",
@@ -69,6 +71,12 @@ class Unauthorized(DSecError, PermissionError):
     code, status = "unauthorized", 401
 
 
+class Forbidden(DSecError, PermissionError):
+    """The token is valid but its role or project may not do this."""
+
+    code, status = "forbidden", 403
+
+
 class Capacity(DSecError, RuntimeError):
     """The node (or every node) has no room for the request now; retry later or ask for
     less. 429 with ``Retry-After``: a valid request the cluster cannot take yet is not a
@@ -76,6 +84,17 @@ class Capacity(DSecError, RuntimeError):
 
     code, status = "capacity", 429
     retry_after_s = 1
+
+
+class QuotaExceeded(Capacity):
+    """The project (or one above it) has used its quota, and no room came free within the
+    request's ``wait_s``; 429 with ``Retry-After``."""
+
+    code, status = "quota_exceeded", 429
+
+    def __init__(self, message: str = "", retry_after_s: float = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s + 0.999))
 
 
 class SandboxTimeout(DSecError, TimeoutError):
@@ -143,7 +162,8 @@ class Internal(DSecError, RuntimeError):
 
 ERROR_TABLE: dict[str, type[DSecError]] = {
     cls.code: cls
-    for cls in (NotFound, InvalidArgument, TooLarge, Unauthorized, Capacity, SandboxTimeout,
+    for cls in (NotFound, InvalidArgument, TooLarge, Unauthorized, Forbidden, Capacity,
+                QuotaExceeded, SandboxTimeout,
                 SandboxStopped, Unsupported, Conflict, TrajectoryDiverged, Unavailable, NodeLost,
                 RemoteError, Internal)
 }

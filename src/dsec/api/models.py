@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dsec.api.projects import check_project_path
 from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, check_cmd,
                              check_env, check_labels, check_path, check_user)
 
@@ -146,6 +147,19 @@ class SandboxSpec(_Request):
     @classmethod
     def _protected(cls, v: list[str]) -> list[str]:
         return [check_protected_path(p) for p in v]
+    project: str | None = Field(
+        None, max_length=1100,
+        description="the project the sandbox belongs to: the token's own by default, or a "
+                    "project below it")
+    wait_s: float = Field(0.0, ge=0, le=600,
+                          description="how long the gateway may queue the create (FIFO per "
+                                      "project) for quota or room before it answers "
+                                      "quota_exceeded or capacity; 0 fails at once")
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, v: str | None) -> str | None:
+        return v if v is None else check_project_path(v)
 
     @field_validator("labels")
     @classmethod
@@ -222,6 +236,7 @@ class SandboxInfo(BaseModel):
     disk_mb: int
     job: str | None = None
     request_id: str | None = None
+    project: str = Field("", description="the project it belongs to ('' is the root)")
     labels: dict[str, str] = {}
     created_at: float
     expires_at: float | None = None

@@ -17,6 +17,7 @@ from dsec.cli.execute import exec_
 from dsec.cli.files import cp
 from dsec.cli.image import image_app
 from dsec.cli.images import images, nodes
+from dsec.cli.project import project_app
 from dsec.cli.sandboxes import create, ls, rm
 from dsec.cli.serve import node, serve
 from dsec.cli.trajectory import trajectory_app
@@ -57,3 +58,4 @@ app.command()(nodes)
 app.command()(demo)
 app.add_typer(image_app)
 app.add_typer(trajectory_app)
+app.add_typer(project_app)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Annotated
 
@@ -129,15 +130,22 @@ def sandbox_table(infos: list[SandboxInfo]) -> Table:
 @cli_errors
 def rm(
     ids: Annotated[list[str] | None, typer.Argument(metavar="[ID]...", help="sandbox ids")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="stop every sandbox")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="stop every sandbox this token sees "
+                                                  "(asks first, unless --yes)")] = False,
     job: Annotated[str | None, typer.Option(help="stop every sandbox of this job")] = None,
     as_json: JsonOpt = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask before --all")] = False,
 ) -> None:
     """Stop sandboxes and remove everything they had."""
     if not ids and not all_ and job is None:
         raise typer.BadParameter("give sandbox ids, --job JOB or --all")
     if ids and (all_ or job is not None):
         raise typer.BadParameter("give either sandbox ids or --all/--job, not both")
+    if all_ and job is None:
+        n = _stop_everything(yes)
+        if as_json:
+            print_json({"stopped": n})
+        return
     if not ids:
         with dsec.Client() as client:
             n = client.stop_all(job=job)
@@ -157,6 +165,31 @@ def rm(
         err.print(f"[red]error:[/] {sb_id}: {exc.message}")
     if failures:
         fail(f"{len(failures)} of {len(ids)} sandboxes could not be stopped")
+
+
+def _plural(n: int) -> str:
+    return f"{n} sandbox{'es' if n != 1 else ''}"
+
+
+def _stop_everything(yes: bool) -> int:
+    """``rm --all``: say how many, and ask (or need --yes) before stopping them."""
+    with dsec.Client() as client:
+        infos = client.list()
+    if not infos:
+        err.print("no sandboxes to stop")
+        return 0
+    what = f"{_plural(len(infos))} ({', '.join(sorted({i.project or '(root)' for i in infos}))})"
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(f"--all would stop {what}; add --yes to confirm")
+        if not typer.confirm(f"stop {what}?", default=False, err=True):
+            fail("nothing stopped")
+    failures = asyncio.run(_stop_ids([i.id for i in infos], quiet=True))
+    for sb_id, exc in failures:
+        if not isinstance(exc, dsec.NotFound):  # gone meanwhile is what was asked
+            err.print(f"[red]error:[/] {sb_id}: {exc.message}")
+    err.print(f"stopped {_plural(len(infos) - len(failures))}")
+    return len(infos) - len(failures)
 
 
 async def _stop_ids(ids: list[str], quiet: bool = False) -> list[tuple[str, DSecError]]:

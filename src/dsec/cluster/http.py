@@ -28,6 +28,7 @@ from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessW
 from dsec.api.rl import (AuditList, HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
                          TrajectoryPage)
 from dsec.api.tracing import REQUEST_ID
+from dsec.api.scope import SCOPE_HEADER, caller_scope
 from dsec.gateway import metrics
 from dsec.placement.admission import NodeLoad
 from dsec.sdk.transport import FastTransport
@@ -139,6 +140,8 @@ class HttpNodeClient:
             kw["headers"] = {**kw["headers"], "x-request-id": rid}
         req = httpx.Request(method, self.url + path, extensions={"timeout": self._timeout},
                             **kw)
+        if (scope := caller_scope.get()) is not None:  # the node enforces the caller's
+            req.headers[SCOPE_HEADER] = scope            # project, as the gateway's own does
         for attempt in (0, 1):
             try:
                 resp = await self._transport.handle_async_request(req)
@@ -159,6 +162,12 @@ class HttpNodeClient:
                 await resp.aclose()
             raise _error(resp)
         return resp
+
+    def _ws_headers(self) -> dict[str, str]:
+        headers = {"authorization": f"Bearer {self.token}"}
+        if (scope := caller_scope.get()) is not None:
+            headers[SCOPE_HEADER] = scope
+        return headers
 
     async def _json(self, method: str, path: str, **kw):
         resp = await self._send(method, path, **kw)
@@ -305,7 +314,7 @@ class HttpNodeClient:
         url = (self.url.replace("http", "ws", 1)
                + f"/v1/sandboxes/{sb_id}/pty?rows={rows}&cols={cols}")
         try:
-            ws = await connect(url, additional_headers={"authorization": f"Bearer {self.token}"},
+            ws = await connect(url, additional_headers=self._ws_headers(),
                                open_timeout=10)
         except OSError as exc:
             raise self._lost(exc) from exc

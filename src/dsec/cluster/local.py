@@ -22,6 +22,7 @@ from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, Image
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.api.process import ProcessInfo, ProcessRequest, StdinRequest
+from dsec.api.scope import caller_scope
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.cluster.base import node_short_of
 from dsec.node.config import NodeConfig
@@ -277,10 +278,18 @@ class LocalNodeClient:
     async def set_network(self, sb_id: str, allow: dict[str, bool]) -> NetworkStatus:
         return await set_network(self.node, sb_id, allow)
 
+    def _scoped_log(self, sb_id: str) -> None:
+        # The log outlives a sandbox and does not know its project: a token scoped to a
+        # project reads the logs of its live sandboxes only, the root token every log.
+        if caller_scope.get() is not None:
+            self.node.record(sb_id)
+
     async def audit(self, sb_id: str) -> list[AuditRecord]:
+        self._scoped_log(sb_id)
         return await audit_records(self.node, sb_id)
 
     async def trajectory(self, sb_id: str, offset: int, limit: int) -> TrajectoryPage:
+        self._scoped_log(sb_id)
         log = self.node.trajectory.log
         return TrajectoryPage(entries=log.entries(sb_id, offset, limit), total=log.count(sb_id))
 

@@ -78,7 +78,8 @@ class _NodeActor:
         config = NodeConfig(state_dir=self.state_dir, backends=self.backends,
                             warm_pool=self.warm_pool)
         self.node = await NodeService.open(config)
-        app = create_app(LocalCluster(self.node), self.token, close_cluster=False)
+        app = create_app(LocalCluster(self.node), self.token, close_cluster=False,
+                         node_api=True)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                     log_level="warning", access_log=False,
                                                     timeout_keep_alive=NODE_KEEPALIVE_S,
@@ -179,18 +180,21 @@ def ray_init(address: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m dsec.cluster.ray --address A --state-dir D --token T``: start this
-    machine's node agent as a detached actor in the Ray cluster, then exit."""
+    """``python -m dsec.cluster.ray --address A --state-dir D --cluster-token T``: start
+    this machine's node agent as a detached actor in the Ray cluster, then exit."""
     import argparse
     p = argparse.ArgumentParser(prog="dsec-node")
     p.add_argument("--address", default=None, help="Ray address (default: auto)")
     p.add_argument("--state-dir", type=Path, default=Path("/var/lib/dsec"))
-    p.add_argument("--token", default=os.environ.get("DSEC_TOKEN"),
-                   help="the cluster's API token (the gateway's)")
+    p.add_argument("--cluster-token", "--token", dest="token",
+                   default=os.environ.get("DSEC_CLUSTER_TOKEN"),
+                   help="the cluster credential the gateways hold (their state dir's "
+                        "cluster_token); the node's API takes no other, no user's token")
     p.add_argument("--backend", action="append", default=None)
     a = p.parse_args(argv)
     if not a.token:
-        p.error("--token (or DSEC_TOKEN) is required: nodes and gateways share one token")
+        p.error("--cluster-token (or DSEC_CLUSTER_TOKEN) is required: the node trusts only "
+                "gateways holding it")
     ray_init(a.address)
     ep = start_node_actor(a.state_dir, a.token, a.backend, detached=True)
     print(f"dsec node {ep.node_id} serving at {ep.url}")

@@ -89,7 +89,7 @@ class SimulatedNodes:
 
         node = await open_simulated_node(state_dir, **self.config)
         counter = RequestCounter(create_app(LocalCluster(node), self.token,
-                                            close_cluster=False))
+                                            close_cluster=False, node_api=True))
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and
         # without it a response's head and body meet Nagle and delayed ACKs (40 ms)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -20,13 +20,15 @@ from dsec.api.errors import NodeLost
 from dsec.api.limits import DEFAULT_LIMITS
 from dsec.cluster.base import Cluster
 from dsec.gateway import metrics
-from dsec.gateway.auth import BearerAuth
+from dsec.gateway.auth import BearerAuth, ClusterAuth
 from dsec.gateway.guard import RequestGuard, install_error_handlers
 from dsec.gateway.logs import RequestIds
 from dsec.gateway.openapi import DocsPages, install_openapi, operation_id
 from dsec.gateway.placer import Placer
+from dsec.gateway.projects import Projects
 from dsec.gateway.routes import (files, fncall, images, jobs, network, processes, sandboxes,
                                  streams, trajectory)
+from dsec.gateway.routes import projects as project_routes
 from dsec.gateway.routes.common import Gateway
 from dsec.gateway.watcher import Watcher
 from dsec.integrations import e2b, sandboxfusion
@@ -46,19 +48,32 @@ answer."""
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
                watcher: Watcher | None = None,
-               e2b_config: e2b.E2BConfig | None = None) -> FastAPI:
-    """The gateway app over ``cluster``; every route but /healthz needs ``token`` (the
-    E2B-compatible routes under /e2b take it as E2B's API key)."""
+               e2b_config: e2b.E2BConfig | None = None, projects: Projects | None = None,
+               node_api: bool = False) -> FastAPI:
+    """The gateway app over ``cluster``; every route but /healthz needs a token (the
+    E2B-compatible routes under /e2b take the root token as E2B's API key).
+
+    A gateway: ``token`` is the root project's admin, and ``projects`` (by default a
+    store of this gateway's own, in memory) holds the other tokens and the quotas. A
+    node agent's own API (``node_api``): ``token`` is the cluster credential, the only
+    one it takes, and the gateways in front of it enforce projects."""
     watcher = watcher or Watcher(cluster)
-    gateway = Gateway(cluster=cluster, watcher=watcher, placer=Placer(cluster, watcher))
+    if not node_api and projects is None:
+        projects = Projects(token)
+    gateway = Gateway(cluster=cluster, watcher=watcher, placer=Placer(cluster, watcher),
+                      projects=None if node_api else projects)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await cluster.start()
         await watcher.start()
+        if gateway.projects is not None:
+            gateway.projects.start(gateway)
         try:
             yield
         finally:
+            if gateway.projects is not None:
+                await gateway.projects.stop()
             await watcher.stop()
             if close_cluster:
                 await cluster.close()
@@ -94,10 +109,15 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
     for module in (sandboxes, processes, files, streams, fncall, jobs, network, trajectory,
                    images):
         app.include_router(module.router, tags=[module.__name__.rsplit(".", 1)[-1]])
+    if gateway.projects is not None:
+        app.include_router(project_routes.router, tags=["projects"])
     _mount_images(app, cluster)
     e2b.mount(app, token, e2b_config)
     app.add_middleware(RequestGuard)  # inside auth: a caller without the token learns nothing
-    app.add_middleware(BearerAuth, token=token, delegated=e2b.OWN_AUTH)
+    if gateway.projects is None:
+        app.add_middleware(ClusterAuth, token=token, delegated=e2b.OWN_AUTH)
+    else:
+        app.add_middleware(BearerAuth, projects=gateway.projects, delegated=e2b.OWN_AUTH)
     app.add_middleware(DocsPages)  # outside the bearer check: a browser sends no header
     app.add_middleware(RequestIds)  # every request's log lines carry its id
     app.add_middleware(metrics.RequestMetrics)

@@ -14,6 +14,7 @@ from dsec.cluster.local import LocalCluster
 from dsec.gateway import logs
 from dsec.gateway.app import create_app
 from dsec.gateway.auth import load_or_create_token
+from dsec.gateway.projects import Projects
 from dsec.node.config import NodeConfig
 
 __all__ = ["serve", "secure_state_dir", "DEFAULT_PORT"]
@@ -28,7 +29,7 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     cluster = await LocalCluster.open(config)
     secure_state_dir(config.state_dir)  # and what the node made in it
     _write_private(config.state_dir / "url", f"http://{host}:{port}\n")
-    app = create_app(cluster, token)
+    app = create_app(cluster, token, projects=_projects(config.state_dir, token))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, ws="websockets-sansio",
                                            log_config=None))  # logs.configure's JSON
@@ -37,25 +38,45 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     await server.serve()
 
 
+def _projects(state_dir: Path, token: str) -> Projects:
+    """The control store of projects, tokens and quotas: ``projects.db`` in the state dir,
+    which every gateway started on that state dir shares."""
+    return Projects(token, state_dir / "projects.db")
+
+
+def cluster_credential(state_dir: Path) -> str:
+    """What nodes trust their gateways by: DSEC_CLUSTER_TOKEN, else the state dir's
+    ``cluster_token`` (created 0600 on first use). Never a user's token."""
+    if os.environ.get("DSEC_CLUSTER_TOKEN"):
+        return os.environ["DSEC_CLUSTER_TOKEN"]
+    token, created = load_or_create_token(state_dir, "cluster_token")
+    if created:
+        print(f"dsec: new cluster credential in {state_dir / 'cluster_token'}; start node "
+              "agents with it (--cluster-token)", flush=True)
+    return token
+
+
 async def _serve_ray(state_dir: Path, host: str, port: int, address: str | None) -> None:
     from dsec.cluster.ray import RayCluster, ray_init
     token = _token(state_dir)
     await asyncio.to_thread(ray_init, address)
-    await _serve_gateway(RayCluster(token), token, state_dir, host, port, "Ray")
+    await _serve_gateway(RayCluster(cluster_credential(state_dir)), token, state_dir, host,
+                         port, "Ray")
 
 
 async def _serve_static(state_dir: Path, host: str, port: int, urls: list[str]) -> None:
     from dsec.cluster.static import StaticCluster
     token = _token(state_dir)
-    await _serve_gateway(StaticCluster(urls, token), token, state_dir, host, port,
-                         f"{len(urls)} node URL(s)")
+    await _serve_gateway(StaticCluster(urls, cluster_credential(state_dir)), token, state_dir,
+                         host, port, f"{len(urls)} node URL(s)")
 
 
 async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: int,
                          over: str) -> None:
     """A gateway of many remote nodes: the same app, over ``cluster``."""
     _write_private(state_dir / "url", f"http://{host}:{port}\n")
-    server = uvicorn.Server(uvicorn.Config(create_app(cluster, token), host=host, port=port,
+    app = create_app(cluster, token, projects=_projects(state_dir, token))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                            log_level="warning", access_log=False,
                                            ws="websockets-sansio", log_config=None))
     slog.info(f"dsec: gateway on http://{host}:{port} over {over}",
@@ -154,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="be a gateway over the node agents of this Ray cluster ('auto' ok)")
     p.add_argument("--node", action="append", default=[], metavar="URL",
                    help="be a gateway over the node agent whose API answers at URL "
-                        "(repeat for each node; they share this gateway's token)")
+                        "(repeat for each node; they take this gateway's cluster credential)")
     p.add_argument("--images-remote", default=None, metavar="URL",
                    help="load image layers on demand from this layer store "
                         "(token in DSEC_IMAGES_TOKEN)")

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from dsec.api import limits
-from dsec.api.errors import (Capacity, DSecError, InvalidArgument, NotFound, SandboxStopped,
-                             Unsupported)
+from dsec.api.errors import (Capacity, DSecError, Forbidden, InvalidArgument, NotFound,
+                             SandboxStopped, Unsupported)
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.process import ProcessInfo, ProcessRequest
+from dsec.api.scope import caller_scope, visible
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
                              NodeInfo, PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
                              ShellRunRequest)
@@ -191,8 +192,9 @@ class NodeService:
 
     def _get(self, sb_id: str) -> SandboxRecord:
         rec = self.records.get(sb_id)
-        if rec is None:
-            raise self.ended.error(sb_id) or NotFound(f"sandbox {sb_id} not found")
+        if rec is None or not visible(rec.spec.project):  # another project's: no hint
+            raise (self.ended.error(sb_id) if rec is None else None) \
+                or NotFound(f"sandbox {sb_id} not found")
         return rec
 
     def info(self, rec: SandboxRecord) -> SandboxInfo:
@@ -201,6 +203,7 @@ class NodeService:
                            layers=s.layers, state=rec.state, cpu=s.cpu, memory_mb=s.memory_mb,
                            disk_mb=s.disk_mb, job=s.job, labels=s.labels,
                            request_id=s.request_id, protected_paths=s.protected_paths,
+                           project=s.project or "",
                            created_at=rec.created_at, expires_at=rec.expires_at,
                            last_active_at=rec.last_active_at, error=rec.error,
                            cpu_class=s.cpu_class, **self.density.reclaim_info(rec))
@@ -219,6 +222,8 @@ class NodeService:
         ``<request_id>#<i>`` of a batch's items."""
         out = []
         for rec in self.records.values():
+            if not visible(rec.spec.project):
+                continue
             if job is not None and rec.spec.job != job:
                 continue
             if request_id is not None and not _same_request(rec.spec.request_id, request_id):
@@ -299,35 +304,37 @@ class NodeService:
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
         """Start a sandbox; a ``request_id`` seen before returns that create's sandbox
         (waiting for it if that create is still starting) instead of making another."""
+        spec = _owned(spec)
         if spec.request_id is None:
             return await self._create(spec)
-        if (rec := self._existing(spec.request_id)) is not None:
+        key = _request_key(spec)  # keys are per project: another's cannot collide
+        if (rec := self._existing(key)) is not None:
             return self.info(rec)
-        pending = self._requests.get(spec.request_id)
+        pending = self._requests.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
         task = asyncio.ensure_future(self._create(spec))
-        task.add_done_callback(lambda t: self._remember(spec.request_id, t))
-        self._requests[spec.request_id] = task
+        task.add_done_callback(lambda t: self._remember(key, t))
+        self._requests[key] = task
         try:
             return await asyncio.shield(task)
         finally:
             if task.done():
-                self._requests.pop(spec.request_id, None)
+                self._requests.pop(key, None)
             else:
-                task.add_done_callback(lambda _: self._requests.pop(spec.request_id, None))
+                task.add_done_callback(lambda _: self._requests.pop(key, None))
 
-    def _existing(self, request_id: str) -> SandboxRecord | None:
+    def _existing(self, key: str) -> SandboxRecord | None:
         if self._by_request is None:  # first use since the node opened: index what it found
-            self._by_request = {r.spec.request_id: r.id for r in self.records.values()
+            self._by_request = {_request_key(r.spec): r.id for r in self.records.values()
                                 if r.spec.request_id}
-        sb_id = self._by_request.get(request_id)
+        sb_id = self._by_request.get(key)
         return self.records.get(sb_id) if sb_id else None
 
-    def _remember(self, request_id: str, task: asyncio.Future) -> None:
+    def _remember(self, key: str, task: asyncio.Future) -> None:
         if not task.cancelled() and task.exception() is None:
-            self._existing(request_id)  # builds the index if needed
-            self._by_request[request_id] = task.result().id
+            self._existing(key)  # builds the index if needed
+            self._by_request[key] = task.result().id
 
     async def _create(self, spec: SandboxSpec) -> SandboxInfo:
         self._check_spec(spec)
@@ -396,6 +403,7 @@ class NodeService:
         """``count`` sandboxes at once. As many as admission lets in are made; each of the
         rest gets its own error. With ``request_id`` item ``i`` is keyed
         ``<request_id>#<first_index + i>``, so a retried batch makes only what is missing."""
+        spec = _owned(spec)
         self._check_spec(spec)
         fit = fitting(self.load(), spec.backend, spec.memory_mb, spec.cpu,
                       self.config.admission, count)
@@ -638,6 +646,22 @@ def _backend_of_dir(d: Path, backends: dict[str, Backend]) -> str:
 
 _CPUS = os.cpu_count() or 1
 _HOST_MEMORY_MB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+def _owned(spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` with its project: the caller's by default; one outside the caller's scope
+    is refused (the gateway checks first; this holds for a node's own API too)."""
+    scope = caller_scope.get()
+    if spec.project is None:
+        return spec if scope is None else spec.model_copy(update={"project": scope})
+    if not visible(spec.project):
+        raise Forbidden(f"project {spec.project!r} is not {scope!r} or below it; a token "
+                        "creates sandboxes in its own project and those under it")
+    return spec
+
+
+def _request_key(spec: SandboxSpec) -> str:
+    return f"{spec.project or ''}\0{spec.request_id}"
 
 
 def _same_request(key: str | None, request_id: str) -> bool:

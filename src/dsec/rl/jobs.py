@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dsec.api.rl import JobInfo
+from dsec.api.scope import visible
 
 if TYPE_CHECKING:
     from dsec.node.service import NodeService
@@ -77,7 +78,8 @@ def _leases(node: NodeService) -> JobLeases:
 
 
 def _ids(node: NodeService, job: str, states: tuple[str, ...]) -> list[str]:
-    return [r.id for r in node.records.values() if r.spec.job == job and r.state in states]
+    return [r.id for r in node.records.values()
+            if r.spec.job == job and r.state in states and visible(r.spec.project)]
 
 
 async def pause_job(node: NodeService, job: str) -> int:
@@ -109,7 +111,7 @@ def job_infos(node: NodeService) -> dict[str, JobInfo]:
     """This node's share of each job (and of each job holding a lease but no sandbox)."""
     out: dict[str, JobInfo] = {}
     for rec in node.records.values():
-        if rec.spec.job is None:
+        if rec.spec.job is None or not visible(rec.spec.project):
             continue
         info = out.setdefault(rec.spec.job, JobInfo(job=rec.spec.job, sandboxes=0))
         info.sandboxes += 1

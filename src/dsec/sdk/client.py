@@ -18,6 +18,7 @@ from dsec.api.models import (CreateManyRequest, CreateManyResponse, ImageSummary
                              SandboxInfo, SandboxList, SandboxSpec, validated)
 from dsec.sdk.boundary import guarded, lines, parse, raise_for_status, translate
 from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.projects import AsyncProjects
 from dsec.sdk.sandbox import AsyncSandbox
 from dsec.sdk.transport import FastTransport
 
@@ -64,6 +65,7 @@ class AsyncClient:
                                        timeout=httpx.Timeout(timeout, connect=10.0),
                                        transport=FastTransport(max_connections=256))
         self.jobs = AsyncJobs(self)
+        self.projects = AsyncProjects(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -111,11 +113,14 @@ class AsyncClient:
                      labels: dict[str, str] | None = None,
                      env: dict[str, str] | None = None,
                      request_id: str | None = None,
-                     protected_paths: list[str] | None = None) -> AsyncSandbox:
+                     protected_paths: list[str] | None = None, wait_s: float = 0.0,
+                     project: str | None = None) -> AsyncSandbox:
         """Create one sandbox and return it running. A ``request_id`` makes the call safe
         to retry: the same key returns the sandbox the first attempt made.
         ``protected_paths`` are hierarchies no command may read or write (root included);
-        only ``exec(..., grading=True)`` reaches them."""
+        only ``exec(..., grading=True)`` reaches them. ``wait_s`` lets it wait (in line,
+        per project) for quota or room before it raises :class:`QuotaExceeded` or
+        :class:`Capacity`. ``project``: the token's own by default, or one below it."""
         spec = _spec(locals())
         # only what was given: a server of an older version knows no newer fields
         resp = await self._request("POST", "/v1/sandboxes",
@@ -133,7 +138,8 @@ class AsyncClient:
                           labels: dict[str, str] | None = None,
                           env: dict[str, str] | None = None,
                           request_id: str | None = None,
-                          protected_paths: list[str] | None = None) -> list[AsyncSandbox]:
+                          protected_paths: list[str] | None = None, wait_s: float = 0.0,
+                          project: str | None = None) -> list[AsyncSandbox]:
         """Create ``count`` sandboxes in one request, spread over the cluster's nodes and
         started concurrently there.
 
@@ -150,8 +156,9 @@ class AsyncClient:
         body = parse(CreateManyResponse, resp)
         made = [AsyncSandbox(self, s) for s in body.sandboxes]
         if not made and body.errors:
-            raise error_from_wire({"error": {"code": "capacity", "message": body.errors[0]}},
-                                  429)
+            first = body.errors[0]  # "item 3: quota_exceeded: ..." names its error's code
+            code = first.split(": ", 2)[1] if first.count(": ") >= 2 else "capacity"
+            raise error_from_wire({"error": {"code": code, "message": first}}, 429)
         return made
 
     async def get(self, sandbox_id: str) -> AsyncSandbox:

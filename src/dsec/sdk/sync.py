@@ -18,10 +18,11 @@ from typing import Any
 from dsec.sdk.client import AsyncClient
 from dsec.sdk.jobs import AsyncJobs
 from dsec.sdk.process import AsyncProcess
+from dsec.sdk.projects import AsyncProjects
 from dsec.sdk.pty import AsyncPty
 from dsec.sdk.sandbox import AsyncFiles, AsyncInput, AsyncSandbox, AsyncShell
 
-__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs", "Process", "Pty",
+__all__ = ["Client", "Sandbox", "Shell", "Files", "Input", "Jobs", "Process", "Pty", "Projects",
            "sync_annotation", "sync_signature"]
 
 
@@ -149,6 +150,7 @@ Process = _sync_class(AsyncProcess, "Process", AsyncProcess.__doc__ or "")
 Pty = _sync_class(AsyncPty, "Pty", AsyncPty.__doc__ or "")
 Input = _sync_class(AsyncInput, "Input", AsyncInput.__doc__ or "")
 Jobs = _sync_class(AsyncJobs, "Jobs", AsyncJobs.__doc__ or "")
+Projects = _sync_class(AsyncProjects, "Projects", AsyncProjects.__doc__ or "")
 Shell = _sync_class(AsyncShell, "Shell", AsyncShell.__doc__ or "")
 Sandbox = _sync_class(AsyncSandbox, "Sandbox", AsyncSandbox.__doc__ or "")
 _ClientBase = _sync_class(AsyncClient, "_ClientBase", "")

@@ -12,6 +12,7 @@ from dsec.api.errors import NodeLost
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
+from dsec.gateway.projects import Projects
 from dsec.gateway.watcher import Watcher
 
 __all__ = ["Gateway", "gateway_of", "client_for", "model_response"]
@@ -24,6 +25,7 @@ class Gateway:
     cluster: Cluster
     watcher: Watcher
     placer: Placer
+    projects: Projects | None = None  # None on a node's own API: its gateways enforce them
 
 
 def gateway_of(request: Request) -> Gateway:

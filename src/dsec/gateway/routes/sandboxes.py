@@ -8,12 +8,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from dsec.api.errors import InvalidArgument
-from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult, ImageSummary,
-                             InputRequest, NodeInfo, PackDiffRequest, SandboxInfo, SandboxList,
-                             SandboxSpec, ShellInfo, ShellRunRequest)
+from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult,
+                             ImageSummary, InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
+                             SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.cluster.http import load_to_wire
+from dsec.gateway import admitted
+from dsec.gateway.auth import principal_of
 from dsec.gateway.routes.common import client_for, gateway_of, model_response
-from dsec.gateway.spread import create_batch, create_one, healthy_clients, list_all
+from dsec.gateway.spread import create_batch, healthy_clients, list_all
 from dsec.placement.admission import NodeLoad
 
 __all__ = ["router", "CreateManyResponse"]
@@ -23,9 +25,12 @@ router = APIRouter(prefix="/v1")
 
 @router.post("/sandboxes", response_model=SandboxInfo, status_code=201)
 async def create(request: Request, spec: SandboxSpec) -> Response:
-    """Placed on the node placement picks; a node that refuses (its admission has the last
-    word) is skipped and the next choice tried."""
-    return model_response(await create_one(gateway_of(request), spec), 201)
+    """In the caller's project, within its quota (queued up to ``wait_s``), on the node
+    placement picks; a node that refuses is skipped and the next choice tried."""
+    gw = gateway_of(request)
+    if gw.projects is None:  # a node's own API: its gateway admitted the create
+        return model_response(await admitted.place(gw, spec), 201)
+    return model_response(await admitted.create_one(gw, principal_of(request), spec), 201)
 
 
 @router.post("/sandboxes/batch", response_model=CreateManyResponse, status_code=201)
@@ -33,7 +38,11 @@ async def create_many(request: Request, req: CreateManyRequest) -> CreateManyRes
     """Split over the nodes by free room, one request per node, all at once. What fits
     nowhere gets a per-item error; a retry with the same ``request_id`` makes only what
     the first attempt did not."""
-    made, errors = await create_batch(gateway_of(request), req)
+    gw = gateway_of(request)
+    if gw.projects is None:
+        made, errors = await create_batch(gw, req)
+    else:
+        made, errors = await admitted.create_many(gw, principal_of(request), req)
     return CreateManyResponse(sandboxes=made, errors=errors)
 
 
@@ -58,6 +67,9 @@ async def get(request: Request, sb_id: str) -> Response:
 @router.delete("/sandboxes/{sb_id}", status_code=204)
 async def stop(request: Request, sb_id: str) -> None:
     await client_for(request, sb_id).stop(sb_id)
+    if (projects := gateway_of(request).projects) is not None:
+        projects.ledger.stopped(sb_id)
+        projects.admission.freed()
 
 
 @router.post("/sandboxes/{sb_id}/pause", response_model=SandboxInfo)

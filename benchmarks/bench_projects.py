@@ -1,0 +1,218 @@
+"""Projects (issue 10): what authorization and quotas cost per request, and a queued burst.
+
+The gateway is a real ``dsec.gateway.server --node URL ...`` process (its control store a
+SQLite file in its state dir) over node agents whose backend is simulated (records only:
+``dsec.node.backends.simulated``; real containers would measure runc, not the gateway),
+each serving its real node API over loopback HTTP. The load comes from the SDK in this
+process.
+
+1. Per request, side by side in one run, interleaved: create, exec ``true`` and stop with
+   the root token (an HMAC compare, the path of a server without projects, except that a
+   root create still takes its ledger row) and with a user token of a project two levels
+   down with a quota (a token lookup, a role check, the quota of every level). The added
+   cost is the difference of p50s; the ledger's share of a create, which the root path pays
+   too, is timed alone on a copy of the store in this process.
+2. A burst of 2,000 creates with ``wait_s=30`` against a project quota of 500: each
+   sandbox is stopped ``--hold`` seconds after its create answers. The nodes' own records
+   of the project are counted every 20 ms; every request must be answered, and those that
+   waited should be served in the order they were sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import common
+from cluster_parts import TOKEN, GatewayProc, Host
+
+import dsec
+
+NODES = 4
+SPEC = {"cpu": 0.05, "memory_mb": 64}
+
+
+def p50_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1000
+
+
+async def per_request(url: str, n: int) -> dict:
+    """p50 of create, exec and stop with the root token and with a project token."""
+    async with dsec.AsyncClient(url, TOKEN) as root:
+        await root.projects.create("bench", quota=dsec.Quota(sandboxes=100_000, cpu=100_000))
+        await root.projects.create("bench/a", quota=dsec.Quota(sandboxes=50_000))
+        user = await root.projects.create_token("bench/a", role="user")
+        async with dsec.AsyncClient(url, user) as proj:
+            times = {(arm, verb): [] for arm in ("root", "project")
+                     for verb in ("create", "exec", "stop")}
+            for i in range(n + 20):
+                for arm, c in (("root", root), ("project", proj))[:: 1 if i % 2 else -1]:
+                    t0 = time.perf_counter()
+                    sb = await c.create(**SPEC)
+                    t1 = time.perf_counter()
+                    await sb.exec("true")
+                    t2 = time.perf_counter()
+                    await sb.stop()
+                    t3 = time.perf_counter()
+                    if i >= 20:  # warm-up left out
+                        times[arm, "create"].append(t1 - t0)
+                        times[arm, "exec"].append(t2 - t1)
+                        times[arm, "stop"].append(t3 - t2)
+    return {k: p50_ms(v) for k, v in times.items()}
+
+
+def ledger_alone(n: int) -> dict:
+    """The store's share, timed alone: token lookup, and a create's reserve + confirm +
+    release, on a fresh store file like the gateway's."""
+    from dsec.gateway.projects import Projects
+    from dsec.gateway.projects.quota import Ask
+    d = Path(tempfile.mkdtemp(prefix="dsec-bench-projects-"))
+    try:
+        p = Projects("root", d / "projects.db")
+        p.store.create("bench", dsec.Quota(sandboxes=10**6))
+        p.store.create("bench/a", dsec.Quota(sandboxes=10**5))
+        header = f"Bearer {p.store.create_token('bench/a', 'user', None).token}".encode()
+        auth, admit = [], []
+        for i in range(n):
+            t0 = time.perf_counter()
+            p.authenticate(header)
+            t1 = time.perf_counter()
+            res = p.ledger.reserve("bench/a", p.store.quotas(["", "bench", "bench/a"]),
+                                   Ask(1, 0.05, 64))
+            p.ledger.confirm([(res.keys[0], f"sb-x-{i}", "node-x")])
+            p.ledger.stopped(f"sb-x-{i}")
+            t2 = time.perf_counter()
+            auth.append(t1 - t0)
+            admit.append(t2 - t1)
+        p.conn.close()
+        return {"auth": p50_ms(auth), "ledger": p50_ms(admit)}
+    finally:
+        shutil.rmtree(d)
+
+
+async def burst(url: str, host: Host, total: int, quota: int, hold_s: float) -> dict:
+    async with dsec.AsyncClient(url, TOKEN) as root:
+        await root.projects.create("burst", quota=dsec.Quota(sandboxes=quota))
+        token = await root.projects.create_token("burst", role="user")
+    clients = [dsec.AsyncClient(url, token, timeout=120) for _ in range(total // 200 + 1)]
+    sent: dict[int, float] = {}
+    served: dict[int, float] = {}
+    errors: list[str] = []
+    peak = [0]
+    done = asyncio.Event()
+
+    async def sample() -> None:  # the nodes' own records, not the gateway's ledger
+        while not done.is_set():
+            counts = await host.ask("sandboxes")
+            peak[0] = max(peak[0], sum(counts.values()))
+            await asyncio.sleep(0.02)
+
+    async def one(i: int) -> None:
+        c = clients[i % len(clients)]
+        sent[i] = time.monotonic()
+        try:
+            sb = await c.create(wait_s=30, **SPEC)
+        except dsec.DSecError as exc:
+            errors.append(f"{exc.code}: {exc.message[:120]}")
+            return
+        served[i] = time.monotonic()
+        await asyncio.sleep(hold_s)
+        await sb.stop()
+
+    sampler = asyncio.create_task(sample())
+    t0 = time.monotonic()
+    tasks = []
+    for i in range(total):  # sent in a known order, 0.5 ms apart
+        tasks.append(asyncio.create_task(one(i)))
+        await asyncio.sleep(0.0005)
+    await asyncio.gather(*tasks)
+    wall = time.monotonic() - t0
+    done.set()
+    await sampler
+    for c in clients:
+        await c.close()
+    waited = sorted((i for i in served if served[i] - sent[i] > 0.05), key=lambda i: sent[i])
+    pairs = inverted = 0
+    for a, b in zip(waited, waited[1:]):  # neighbours in send order
+        if sent[b] - sent[a] >= 0.0005:
+            pairs += 1
+            inverted += served[b] < served[a]
+    waits = [served[i] - sent[i] for i in served]
+    return {"answered": len(served) + len(errors), "made": len(served), "errors": errors,
+            "peak": peak[0], "wall": wall, "waited": len(waited), "pairs": pairs,
+            "inverted": inverted, "wait_p50": statistics.median(waits),
+            "wait_max": max(waits)}
+
+
+async def run(quick: bool, hold_s: float) -> tuple[str, list[str]]:
+    root = Path(tempfile.mkdtemp(prefix="dsec-bench-projects-"))
+    (root / "token").write_text(TOKEN + "\n")
+    os.chmod(root / "token", 0o600)
+    host = Host(root, 0, NODES)
+    gw = None
+    notes: list[str] = []
+    try:
+        await host.start()
+        gw = GatewayProc(root, 0, host.urls)
+        await gw.ready()
+        n = 100 if quick else 1000
+        per = await per_request(gw.url, n)
+        alone = ledger_alone(2000 if quick else 20000)
+        total, quota = (400, 100) if quick else (2000, 500)
+        b = await burst(gw.url, host, total, quota, hold_s)
+    finally:
+        if gw is not None:
+            gw.stop()
+        await host.quit()
+        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for verb in ("create", "exec", "stop"):
+        r, p = per["root", verb], per["project", verb]
+        rows.append([verb, f"{r:.3f} ms", f"{p:.3f} ms", f"{(p - r) * 1000:+.0f} µs"])
+    body = common.table(["p50 per request (n=%d each)" % n, "root token (open path)",
+                         "project token, quota at 3 levels", "added"], rows)
+    body += "\n\n" + common.table(
+        ["alone, in process (p50)", "cost"],
+        [["token lookup (SHA-256 + indexed SELECT)", f"{alone['auth'] * 1000:.0f} µs"],
+         ["ledger: reserve + confirm + release (3 write transactions)",
+          f"{alone['ledger'] * 1000:.0f} µs"]])
+    added_create = per["project", "create"] - per["root", "create"] + alone["ledger"]
+    added_exec = per["project", "exec"] - per["root", "exec"]
+    notes.append(f"added per create (difference + the ledger the root path also pays): "
+                 f"{added_create * 1000:.0f} µs; per exec: {added_exec * 1000:.0f} µs; "
+                 f"target ≤ 200 µs p50: "
+                 f"{'met' if max(added_create, added_exec) <= 0.2 else 'NOT met'}")
+    body += "\n\n" + common.table(
+        [f"burst: {total} creates, wait_s=30, quota {quota}, each held {hold_s:g} s", "value"],
+        [["answered", f"{b['answered']} of {total} ({b['made']} made, "
+                      f"{len(b['errors'])} errors)"],
+         ["most sandboxes of the project at once (nodes' records, every 20 ms)",
+          f"{b['peak']} (quota {quota})"],
+         ["requests that waited", str(b["waited"])],
+         ["of those, neighbours in send order served out of order",
+          f"{b['inverted']} of {b['pairs']}"],
+         ["wait p50 / max", f"{b['wait_p50']:.2f} s / {b['wait_max']:.2f} s"],
+         ["wall time", f"{b['wall']:.1f} s"]])
+    if b["errors"]:
+        notes.append("errors: " + "; ".join(sorted(set(b["errors"]))[:3]))
+    notes.append("simulated backend (records only): real containers would measure runc, "
+                 "not the gateway")
+    return body, notes
+
+
+def main() -> None:
+    args = common.parse_args(__doc__, lambda p: p.add_argument(
+        "--hold", type=float, default=1.0, help="seconds each burst sandbox is kept"))
+    body, notes = asyncio.run(run(args.quick, args.hold))
+    name = "projects-quick" if args.quick else "projects"
+    common.publish(name, "Projects: authorization and quota cost; a queued burst", body, notes)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Creates under a project's quota: admit (queued up to ``wait_s``), place, confirm.
+
+The room is taken in the ledger before a node is asked, so creates in flight count
+against the quota on every gateway sharing the store; it is confirmed with the sandbox's
+id when the node answers and given back when it does not. A node's own API (no
+projects) creates directly.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dsec.api.errors import Capacity, Forbidden, QuotaExceeded
+from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxSpec
+from dsec.api.projects import within
+from dsec.gateway import metrics
+from dsec.gateway.projects.quota import Ask
+from dsec.gateway.spread import create_batch
+
+__all__ = ["owned", "create_one", "create_many", "place"]
+
+
+def owned(gw, who, spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` in the caller's project (or the one below it that it names)."""
+    if spec.project is None:
+        return spec.model_copy(update={"project": who.project})
+    if not within(spec.project, who.project):
+        raise Forbidden(f"project {spec.project!r} is not at or below this token's project "
+                        f"{who.project or '(root)'!r}")
+    gw.projects.store.quota(spec.project)  # NotFound if there is no such project
+    return spec
+
+
+async def place(gw, spec: SandboxSpec) -> SandboxInfo:
+    """On the node placement picks; a node that refuses (its admission has the last
+    word) is skipped and the next choice tried."""
+    tried: list[str] = []
+    while True:
+        client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
+                                  key=spec.request_id)
+        try:
+            return await client.create(spec)
+        except Capacity:
+            tried.append(client.node_id)
+            metrics.RETRIES.labels("refused").inc()
+            if len(tried) >= len(gw.cluster.clients()):
+                raise
+
+
+async def create_one(gw, who, spec: SandboxSpec) -> SandboxInfo:
+    spec = owned(gw, who, spec)
+    ledger = gw.projects.ledger
+
+    async def attempt(res) -> SandboxInfo:
+        info = await place(gw, spec)
+        ledger.confirm([(res.keys[0], info.id, info.node)])
+        return info
+
+    return await gw.projects.admission.hold(spec.project, Ask(1, spec.cpu, spec.memory_mb),
+                                            spec.wait_s, attempt, Capacity)
+
+
+async def create_many(gw, who, req: CreateManyRequest) -> tuple[list[SandboxInfo], list[str]]:
+    """The batch admitted in runs: as many items as fit now are made, the rest wait in
+    line (up to ``spec.wait_s``) for the next room; what never fits is a per-item
+    ``quota_exceeded`` error."""
+    spec = owned(gw, who, req.spec)
+    ledger, admission = gw.projects.ledger, gw.projects.admission
+    deadline = time.monotonic() + spec.wait_s
+    made: list[SandboxInfo] = []
+    errors: list[str] = []
+    first, left = req.first_index, req.count
+    while left:
+        try:
+            res = await admission.admit(spec.project, Ask(left, spec.cpu, spec.memory_mb),
+                                        max(0.0, deadline - time.monotonic()), partial=True)
+        except QuotaExceeded as exc:
+            errors += [f"item {i}: {exc.code}: {exc.message}" for i in range(first, first + left)]
+            break
+        n = len(res.keys)
+        part = req.model_copy(update={"spec": spec, "count": n, "first_index": first})
+        try:
+            got, errs = await create_batch(gw, part)
+        except BaseException:
+            ledger.release(res.keys)
+            raise
+        ledger.confirm([(k, i.id, i.node) for k, i in zip(res.keys, got)])
+        ledger.release(res.keys[len(got):])
+        made += got
+        errors += errs
+        first, left = first + n, left - n
+    return made, errors

@@ -1,0 +1,100 @@
+"""Projects, quotas, scoped tokens, queued admission and the audit log of a gateway.
+
+:class:`Projects` is what the gateway holds: the control store (one SQLite file that the
+gateways of an installation share; see README "Decisions"), the ledger of what each
+project holds, the admission queues and the audit log, and the loop that keeps the
+ledger true to what the nodes hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from pathlib import Path
+
+from dsec.api.errors import DSecError, Unauthorized
+from dsec.gateway.projects.admission import Admission
+from dsec.gateway.projects.audit import AuditLog
+from dsec.gateway.projects.db import open_control_db
+from dsec.gateway.projects.ledger import Ledger
+from dsec.gateway.projects.store import Principal, ProjectStore, token_hash
+
+__all__ = ["Projects", "Principal", "ROOT"]
+
+log = logging.getLogger("dsec.gateway")
+ROOT = Principal(who="root", project="", role="admin")
+
+
+class Projects:
+    """The project side of one gateway; ``root_token`` is the root project's admin."""
+
+    def __init__(self, root_token: str, path: Path | str = ":memory:",
+                 reconcile_s: float = 2.0) -> None:
+        conn = open_control_db(path)
+        self.conn = conn
+        self.store = ProjectStore(conn)
+        self.ledger = Ledger(conn)
+        self.audit = AuditLog(conn)
+        self.admission = Admission(self.ledger, self.store.quotas)
+        self._root = f"Bearer {root_token}".encode()
+        self.reconcile_s = reconcile_s
+        self._task: asyncio.Task | None = None
+
+    def authenticate(self, header: bytes) -> Principal:
+        """The caller an ``Authorization`` header names; Unauthorized saying why not."""
+        if hmac.compare_digest(header, self._root):
+            return ROOT
+        if not header.startswith(b"Bearer dsec_"):
+            raise Unauthorized("missing or wrong bearer token")
+        return self.store.principal(token_hash(header[7:].decode("latin-1")))
+
+    def still_valid(self, who: Principal) -> bool:
+        """Whether the caller's token still works (a long stream asks now and then)."""
+        if who.token_hash is None:
+            return True
+        try:
+            self.store.principal(who.token_hash)
+        except DSecError:
+            return False
+        return True
+
+    # ---- keeping the ledger true ----
+    def start(self, gateway) -> None:
+        self._task = asyncio.create_task(self._reconcile_forever(gateway))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.conn.close()
+
+    async def _reconcile_forever(self, gw) -> None:
+        while True:
+            await asyncio.sleep(self.reconcile_s)
+            try:
+                await self.reconcile(gw)
+            except Exception:  # a bad round must not end the loop; the next one retries
+                log.exception("reconciling the project ledger failed")
+
+    async def reconcile(self, gw) -> None:
+        """For each healthy node whose count differs from the ledger's, list it and fix
+        the ledger's rows of it (sandboxes that ended on their own give their room back)."""
+        freed = False
+        for client in gw.cluster.clients():
+            view = gw.watcher.view(client.node_id)
+            if view is None or view.load is None or not gw.watcher.healthy(client.node_id):
+                continue
+            if view.load.sandboxes == self.ledger.held_on(client.node_id):
+                continue
+            listed_at = time.time()
+            infos = await client.list()
+            present = {i.id: (i.project, i.cpu, i.memory_mb, i.created_at) for i in infos}
+            dropped, _ = self.ledger.reconcile(client.node_id, present, listed_at)
+            freed = freed or dropped > 0
+        if freed:
+            self.admission.freed()

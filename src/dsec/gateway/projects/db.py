@@ -1,0 +1,71 @@
+"""The control store's SQLite file: one schema, one connection per gateway process.
+
+Several gateways on one machine open the same file (WAL): every change that must not
+race (a quota grant, an admission) is one ``BEGIN IMMEDIATE`` transaction, so two
+gateways cannot both take the last sandbox of a quota.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["open_control_db", "write"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS projects (
+    id TEXT PRIMARY KEY, path TEXT UNIQUE NOT NULL, created_at REAL NOT NULL,
+    sandboxes INTEGER, cpu REAL, memory_mb INTEGER, creations_per_s REAL);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, hash BLOB UNIQUE NOT NULL, project_id TEXT NOT NULL,
+    role TEXT NOT NULL, name TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL,
+    expires_at REAL, revoked_at REAL);
+CREATE INDEX IF NOT EXISTS tokens_project ON tokens(project_id);
+-- usage rolled up: a project's row counts it and everything below it
+CREATE TABLE IF NOT EXISTS usage (
+    path TEXT PRIMARY KEY, sandboxes INTEGER NOT NULL DEFAULT 0,
+    cpu REAL NOT NULL DEFAULT 0, memory_mb INTEGER NOT NULL DEFAULT 0,
+    bucket REAL, bucket_at REAL);
+-- one row per sandbox a project holds, from admission (sb_id NULL while being created)
+CREATE TABLE IF NOT EXISTS held (
+    key TEXT PRIMARY KEY, path TEXT NOT NULL, cpu REAL NOT NULL, memory_mb INTEGER NOT NULL,
+    node TEXT, sb_id TEXT UNIQUE, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS held_node ON held(node);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, path TEXT NOT NULL,
+    who TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, outcome TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_path ON audit(path, seq);
+"""
+
+
+def open_control_db(path: Path | str) -> sqlite3.Connection:
+    """The store at ``path`` (``":memory:"`` for a gateway of its own), schema applied."""
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # tokens' hashes and the audit log: private, like the rest of the state dir
+        # (SQLite gives its -wal and -shm files the mode of the database file)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False,
+                           timeout=10.0)
+    conn.execute("PRAGMA busy_timeout = 10000")
+    if str(path) != ":memory:":
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, never torn
+    conn.executescript(SCHEMA)
+    return conn
+
+
+@contextmanager
+def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, taken at once (``BEGIN IMMEDIATE``): it sees no other
+    gateway's half-done change and none can interleave with it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -1,0 +1,175 @@
+"""What each project holds, as the gateways see it: admission, and keeping it true.
+
+A row of ``held`` per sandbox: taken at admission (before the node is asked, so creates
+in flight count, from every gateway sharing the store), given its sandbox id when the
+node answers, dropped when the sandbox stops through a gateway. ``usage`` keeps each
+project's rolled-up sums, so an admission reads one row per level instead of summing.
+Sandboxes can also end on their own (TTL, idle, a job stopped, a node lost); the nodes'
+records are the truth of what exists, and :meth:`Ledger.reconcile` brings the rows of a
+node back to what that node lists.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass, field
+
+from dsec.api.projects import Quota, Usage, ancestors
+from dsec.gateway.projects.db import write
+from dsec.gateway.projects.quota import Ask, admit_problem, refill
+
+__all__ = ["Ledger", "Reservation", "ADOPT_AFTER_S", "PENDING_FOR_S"]
+
+ADOPT_AFTER_S = 60.0   # a sandbox no row knows, this old, was made before (or around) us
+PENDING_FOR_S = 600.0  # a reservation never confirmed this long: its gateway died mid-create
+
+
+@dataclass
+class Reservation:
+    """Room taken for ``len(keys)`` sandboxes of ``path``; or why none was."""
+
+    path: str
+    keys: list[str] = field(default_factory=list)
+    problem: str | None = None
+    retry_after_s: float = 1.0
+
+
+def _fits(chain: list[tuple[str, Quota, Usage]], ask: Ask) -> int:
+    """How many of ``ask.count`` fit under every level's quota. Pure."""
+    n = ask.count
+    for _, quota, usage in chain:
+        for name, per in (("sandboxes", 1), ("cpu", ask.cpu), ("memory_mb", ask.memory_mb)):
+            top = getattr(quota, name)
+            if top is not None and per > 0:
+                n = min(n, max(0, math.floor((top - getattr(usage, name)) / per + 1e-9)))
+    return n
+
+
+class Ledger:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def _usage(self, paths: list[str]) -> dict[str, tuple]:
+        marks = ",".join("?" * len(paths))
+        rows = self.conn.execute("SELECT path, sandboxes, cpu, memory_mb, bucket, bucket_at "
+                                 f"FROM usage WHERE path IN ({marks})", paths).fetchall()
+        return {r[0]: r[1:] for r in rows}
+
+    def _add(self, path: str, n: int, cpu: float, memory_mb: int) -> None:
+        for p in ancestors(path):
+            self.conn.execute(
+                "INSERT INTO usage (path, sandboxes, cpu, memory_mb) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(path) DO UPDATE SET sandboxes = sandboxes + excluded.sandboxes, "
+                "cpu = cpu + excluded.cpu, memory_mb = memory_mb + excluded.memory_mb",
+                (p, n, cpu, memory_mb))
+
+    def reserve(self, path: str, quotas: dict[str, Quota], ask: Ask,
+                partial: bool = False) -> Reservation:
+        """Take room for ``ask`` (with ``partial``, for as many of it as fit) under every
+        quota from the root down to ``path``, in one transaction."""
+        chain_paths = ancestors(path)
+        now = time.time()
+        with write(self.conn):
+            used = self._usage(chain_paths)
+            chain = [(p, quotas.get(p) or Quota(),
+                      Usage(**dict(zip(("sandboxes", "cpu", "memory_mb"), used[p][:3])))
+                      if p in used else Usage()) for p in chain_paths]
+            n = _fits(chain, ask)
+            rates = [(p, quotas[p].creations_per_s) for p in chain_paths
+                     if p in quotas and quotas[p].creations_per_s is not None]
+            buckets = {}
+            for p, rate in rates:
+                tokens = refill(*(used[p][3:5] if p in used else (None, None)), rate, now)
+                buckets[p] = tokens
+                n = min(n, math.floor(tokens + 1e-9))
+            if n < (1 if partial else ask.count):
+                return self._refusal(path, chain, ask, rates, buckets, n)
+            for p, rate in rates:
+                self.conn.execute(
+                    "INSERT INTO usage (path, bucket, bucket_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT(path) DO UPDATE SET bucket = excluded.bucket, "
+                    "bucket_at = excluded.bucket_at", (p, buckets[p] - n, now))
+            keys = [f"res-{secrets.token_hex(8)}" for _ in range(n)]
+            self.conn.executemany("INSERT INTO held (key, path, cpu, memory_mb, at) "
+                                  "VALUES (?, ?, ?, ?, ?)",
+                                  [(k, path, ask.cpu, ask.memory_mb, now) for k in keys])
+            self._add(path, n, ask.cpu * n, ask.memory_mb * n)
+        return Reservation(path, keys)
+
+    def _refusal(self, path, chain, ask, rates, buckets, n) -> Reservation:
+        one = Ask(1, ask.cpu, ask.memory_mb) if n == 0 else ask
+        if why := admit_problem(chain, one):
+            return Reservation(path, problem=why)
+        for p, rate in rates:
+            if buckets[p] < 1:
+                wait = (1 - buckets[p]) / rate if rate > 0 else 3600.0
+                where = repr(p) if p else "the root project"
+                return Reservation(path, problem=f"{where} may create {rate:g} sandboxes per "
+                                                 "second (quota.creations_per_s)",
+                                   retry_after_s=wait)
+        return Reservation(path, problem=f"only {n} of the {ask.count} fit now")
+
+    def confirm(self, made: list[tuple[str, str, str]]) -> None:
+        """``(key, sb_id, node)`` per sandbox the nodes made."""
+        if not made:
+            return
+        now = time.time()
+        with write(self.conn):
+            for key, sb, node in made:
+                if self.conn.execute("SELECT 1 FROM held WHERE sb_id = ?", (sb,)).fetchone():
+                    self._drop("key = ?", [key])  # a retried request_id: held already
+                else:
+                    self.conn.execute("UPDATE held SET sb_id = ?, node = ?, at = ? "
+                                      "WHERE key = ?", (sb, node, now, key))
+
+    def _drop(self, where: str, args: list) -> int:
+        rows = self.conn.execute(f"SELECT key, path, cpu, memory_mb FROM held WHERE {where}",
+                                 args).fetchall()
+        for key, path, cpu, mem in rows:
+            self.conn.execute("DELETE FROM held WHERE key = ?", (key,))
+            self._add(path, -1, -cpu, -mem)
+        return len(rows)
+
+    def release(self, keys: list[str]) -> None:
+        """Give back reservations whose sandboxes were not made."""
+        if keys:
+            with write(self.conn):
+                for k in keys:
+                    self._drop("key = ?", [k])
+
+    def stopped(self, sb_id: str) -> None:
+        with write(self.conn):
+            self._drop("sb_id = ?", [sb_id])
+
+    def held_on(self, node: str) -> int:
+        return self.conn.execute("SELECT count(*) FROM held WHERE node = ?",
+                                 (node,)).fetchone()[0]
+
+    def reconcile(self, node: str, present: dict[str, tuple[str, float, int, float]],
+                  listed_at: float) -> tuple[int, int]:
+        """Make ``node``'s rows what it lists (``present``: sb_id -> project, cpu,
+        memory_mb, created_at): rows of sandboxes gone are dropped, sandboxes no row
+        knows are taken in once they are older than a create can be in flight. Returns
+        (dropped, adopted)."""
+        with write(self.conn):
+            rows = self.conn.execute("SELECT sb_id, key FROM held WHERE node = ? AND at < ?",
+                                     (node, listed_at)).fetchall()
+            dropped = sum(self._drop("key = ?", [key]) for sb, key in rows
+                          if sb not in present)
+            known = {r[0] for r in self.conn.execute("SELECT sb_id FROM held WHERE node = ?",
+                                                     (node,))}
+            adopted = 0
+            for sb, (path, cpu, mem, created) in present.items():
+                if sb in known or listed_at - created < ADOPT_AFTER_S:
+                    continue
+                self.conn.execute("INSERT OR IGNORE INTO held (key, path, cpu, memory_mb, "
+                                  "node, sb_id, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  (f"res-{secrets.token_hex(8)}", path, cpu, mem, node, sb,
+                                   listed_at))
+                self._add(path, 1, cpu, mem)
+                adopted += 1
+            dropped += self._drop("sb_id IS NULL AND at < ?", [listed_at - PENDING_FOR_S])
+        return dropped, adopted

@@ -1,0 +1,227 @@
+"""Projects and their tokens in the control store.
+
+Tokens are random 256-bit secrets shown once; the store keeps only their SHA-256 (a slow
+password hash buys nothing for a secret no one can guess, and would cost every request).
+A token belongs to its project's id, not its path: a token of a deleted project stays
+refused even if a new project of the same path is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from dsec.api.errors import Conflict, InvalidArgument, NotFound, Unauthorized
+from dsec.api.projects import (ProjectInfo, Quota, Role, TokenCreated, TokenInfo, Usage,
+                               ancestors, within)
+from dsec.gateway.projects.db import write
+from dsec.gateway.projects.quota import FIELDS, given, grant_problem
+
+__all__ = ["Principal", "ProjectStore", "ROOT_ID"]
+
+ROOT_ID = "prj-root"
+_COLS = "id, path, created_at, sandboxes, cpu, memory_mb, creations_per_s"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's id (``root`` for the server's), project and role."""
+
+    who: str
+    project: str
+    role: Role
+    token_hash: bytes | None = None  # None for the root token, which cannot be revoked
+
+
+def token_hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+def _quota(row) -> Quota:
+    return Quota(sandboxes=row[3], cpu=row[4], memory_mb=row[5], creations_per_s=row[6])
+
+
+def _parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+class ProjectStore:
+    """Projects, tokens (and, through :class:`~dsec.gateway.projects.ledger.Ledger` on
+    the same connection, usage and audit) of one installation."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        with write(conn):
+            conn.execute("INSERT OR IGNORE INTO projects (id, path, created_at) "
+                         "VALUES (?, '', ?)", (ROOT_ID, time.time()))
+
+    # ---- projects ----
+    def _row(self, path: str):
+        row = self.conn.execute(f"SELECT {_COLS} FROM projects WHERE path = ?",
+                                (path,)).fetchone()
+        if row is None:
+            raise NotFound(f"project {path!r} does not exist")
+        return row
+
+    def quota(self, path: str) -> Quota:
+        return _quota(self._row(path))
+
+    def quotas(self, paths: list[str]) -> dict[str, Quota]:
+        marks = ",".join("?" * len(paths))
+        rows = self.conn.execute(f"SELECT {_COLS} FROM projects WHERE path IN ({marks})",
+                                 paths).fetchall()
+        return {r[1]: _quota(r) for r in rows}
+
+    def _children(self, path: str) -> list:
+        # direct children only: deeper ones took their quota out of these
+        like = f"{path}/%" if path else "%"
+        rows = self.conn.execute(f"SELECT {_COLS} FROM projects WHERE path LIKE ? "
+                                 "AND path != ''", (like,)).fetchall()
+        return [r for r in rows if _parent(r[1]) == path]
+
+    def create(self, path: str, quota: Quota) -> ProjectInfo:
+        """A sub-project; its parent must exist and have ``quota`` left to give."""
+        parent = _parent(path)
+        with write(self.conn):
+            if self.conn.execute("SELECT 1 FROM projects WHERE path = ?", (path,)).fetchone():
+                raise Conflict(f"project {path!r} exists already")
+            try:
+                prow = self._row(parent)
+            except NotFound:
+                raise NotFound(f"project {parent!r}, the parent of {path!r}, does not exist; "
+                               "create it first") from None
+            siblings = [_quota(r) for r in self._children(parent)]
+            if why := grant_problem(path, parent, _quota(prow), siblings, quota):
+                raise InvalidArgument(why)
+            pid = f"prj-{secrets.token_hex(6)}"
+            self.conn.execute(
+                f"INSERT INTO projects ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (pid, path, time.time(), quota.sandboxes, quota.cpu, quota.memory_mb,
+                 quota.creations_per_s))
+        return self.info(path)
+
+    def set_quota(self, path: str, quota: Quota) -> ProjectInfo:
+        """A new quota: within what the parent has left, and no less than the children
+        were given (what is held already may exceed it; no more is admitted then)."""
+        if path == "":
+            raise InvalidArgument("the root project's quota is the cluster's capacity; "
+                                  "set quotas on sub-projects")
+        parent = _parent(path)
+        with write(self.conn):
+            self._row(path)
+            siblings = [_quota(r) for r in self._children(parent) if r[1] != path]
+            if why := grant_problem(path, parent, self.quota(parent), siblings, quota):
+                raise InvalidArgument(why)
+            kids = given([_quota(r) for r in self._children(path)])
+            for name in FIELDS:
+                want, out = getattr(quota, name), getattr(kids, name)
+                if want is not None and out is not None and out > want + 1e-9:
+                    raise InvalidArgument(f"quota.{name} of {path!r} cannot be {want:g}: its "
+                                          f"sub-projects were given {out:g}; lower theirs first")
+            self.conn.execute("UPDATE projects SET sandboxes = ?, cpu = ?, memory_mb = ?, "
+                              "creations_per_s = ? WHERE path = ?",
+                              (quota.sandboxes, quota.cpu, quota.memory_mb,
+                               quota.creations_per_s, path))
+        return self.info(path)
+
+    def delete(self, path: str) -> None:
+        """Remove an empty project (no sub-project, no sandbox); its tokens stop working."""
+        if path == "":
+            raise InvalidArgument("the root project cannot be deleted")
+        with write(self.conn):
+            self._row(path)
+            kids = self._children(path)
+            if kids:
+                names = ", ".join(r[1] for r in kids[:5])
+                raise Conflict(f"project {path!r} has sub-projects ({names}); delete them first")
+            held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
+                                     (path,)).fetchone()[0]
+            if held:
+                raise Conflict(f"project {path!r} holds {held} sandboxes; stop them first")
+            self.conn.execute("DELETE FROM projects WHERE path = ?", (path,))
+            self.conn.execute("DELETE FROM usage WHERE path = ?", (path,))
+
+    def usage(self, path: str) -> Usage:
+        row = self.conn.execute("SELECT sandboxes, cpu, memory_mb FROM usage WHERE path = ?",
+                                (path,)).fetchone()
+        return Usage(sandboxes=row[0], cpu=round(row[1], 6), memory_mb=row[2]) if row \
+            else Usage()
+
+    def info(self, path: str) -> ProjectInfo:
+        row = self._row(path)
+        return ProjectInfo(id=row[0], path=row[1], created_at=row[2], quota=_quota(row),
+                           usage=self.usage(path),
+                           given=given([_quota(r) for r in self._children(path)]))
+
+    def list(self, scope: str) -> list[ProjectInfo]:
+        """``scope`` and every project below it, parents first."""
+        paths = [r[0] for r in self.conn.execute("SELECT path FROM projects ORDER BY path")]
+        return [self.info(p) for p in paths if within(p, scope)]
+
+    # ---- tokens ----
+    def create_token(self, path: str, role: Role, ttl_s: float | None,
+                     name: str = "") -> TokenCreated:
+        pid = self._row(path)[0]
+        secret = "dsec_" + secrets.token_urlsafe(32)
+        now = time.time()
+        info = TokenCreated(id=f"tok-{secrets.token_hex(6)}", project=path, role=role,
+                            name=name, created_at=now,
+                            expires_at=now + ttl_s if ttl_s else None, token=secret)
+        with write(self.conn):
+            self.conn.execute("INSERT INTO tokens (id, hash, project_id, role, name, "
+                              "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (info.id, token_hash(secret), pid, role, name, now,
+                               info.expires_at))
+        return info
+
+    def _token_rows(self, where: str, args: tuple) -> list:
+        return self.conn.execute(
+            "SELECT t.id, p.path, t.role, t.name, t.created_at, t.expires_at, t.revoked_at "
+            f"FROM tokens t LEFT JOIN projects p ON p.id = t.project_id WHERE {where}",
+            args).fetchall()
+
+    def tokens(self, path: str) -> list[TokenInfo]:
+        pid = self._row(path)[0]
+        return [TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
+                          expires_at=r[5], revoked_at=r[6])
+                for r in self._token_rows("t.project_id = ?", (pid,))]
+
+    def token(self, token: str) -> TokenInfo:
+        """A token by its id, or by its secret (never echoed back)."""
+        if token.startswith("tok-"):
+            rows, name = self._token_rows("t.id = ?", (token,)), token
+        else:
+            rows, name = self._token_rows("t.hash = ?", (token_hash(token),)), "with that secret"
+        if not rows or rows[0][1] is None:
+            raise NotFound(f"token {name} not found")
+        r = rows[0]
+        return TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
+                         expires_at=r[5], revoked_at=r[6])
+
+    def revoke_token(self, token_id: str) -> None:
+        with write(self.conn):
+            self.conn.execute("UPDATE tokens SET revoked_at = ? WHERE id = ? AND "
+                              "revoked_at IS NULL", (time.time(), token_id))
+
+    def principal(self, digest: bytes) -> Principal:
+        """The caller a token's hash names; Unauthorized saying why if it names none."""
+        row = self.conn.execute(
+            "SELECT t.id, p.path, t.role, t.expires_at, t.revoked_at FROM tokens t "
+            "LEFT JOIN projects p ON p.id = t.project_id WHERE t.hash = ?",
+            (digest,)).fetchone()
+        if row is None:
+            raise Unauthorized("missing or wrong bearer token")
+        tid, path, role, expires_at, revoked_at = row
+        if revoked_at is not None:
+            raise Unauthorized(f"token {tid} was revoked")
+        if expires_at is not None and time.time() >= expires_at:
+            raise Unauthorized(f"token {tid} expired; ask an admin of its project for a new one")
+        if path is None:
+            raise Unauthorized(f"token {tid} belongs to a project that was deleted")
+        return Principal(who=tid, project=path, role=role, token_hash=digest)
+
+    def chain(self, path: str) -> list[str]:
+        return ancestors(path)

@@ -1,0 +1,113 @@
+"""Quota arithmetic, the ledger on a real SQLite file, and queued admission; no server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from dsec.api.errors import QuotaExceeded
+from dsec.api.projects import Quota, Usage, ancestors, check_project_path, within
+from dsec.gateway.projects import Projects
+from dsec.gateway.projects.quota import Ask, admit_problem, grant_problem, refill
+
+
+def test_paths():
+    assert ancestors("a/b") == ["", "a", "a/b"] and ancestors("") == [""]
+    assert within("a/b", "a") and within("a", "") and not within("ab", "a")
+    for bad in ("a/../b", "a//b", "a/", ".", "-x", "/".join("x" * 17)):
+        with pytest.raises(ValueError):
+            check_project_path(bad)
+
+
+def test_grants_come_out_of_what_the_parent_has_left():
+    parent = Quota(sandboxes=10, cpu=1.0)
+    assert grant_problem("p/c", "p", parent, [Quota(sandboxes=6)], Quota(sandboxes=4)) is None
+    why = grant_problem("p/c", "p", parent, [Quota(sandboxes=6)], Quota(sandboxes=5))
+    assert "at most 4" in why
+    # float sums: 0.1 + 0.2 + 0.7 fill a core exactly
+    assert grant_problem("p/c", "p", parent, [Quota(cpu=0.1), Quota(cpu=0.2)],
+                         Quota(cpu=0.7)) is None
+    assert grant_problem("p/c", "p", Quota(), [], Quota(sandboxes=10**9)) is None
+
+
+def test_admission_checks_every_level():
+    chain = [("", Quota(), Usage(sandboxes=99)), ("p", Quota(sandboxes=5), Usage(sandboxes=4)),
+             ("p/c", Quota(), Usage(sandboxes=1))]
+    assert admit_problem(chain, Ask(1, 1.0, 64)) is None
+    assert "'p' holds 4 of its quota.sandboxes 5" in admit_problem(chain, Ask(2, 1.0, 64))
+
+
+def test_bucket_refills_up_to_one_second():
+    assert refill(None, None, 5.0, 100.0) == 5.0
+    assert refill(0.0, 100.0, 5.0, 100.5) == 2.5
+    assert refill(0.0, 100.0, 0.5, 110.0) == 1.0  # a slow rate still allows one
+
+
+def _projects(tmp_path) -> Projects:
+    return Projects("root-token", tmp_path / "projects.db")
+
+
+def test_two_gateways_sharing_the_store_never_exceed_a_quota(tmp_path):
+    first = _projects(tmp_path)
+    first.store.create("p", Quota(sandboxes=50))
+    gateways = [first, _projects(tmp_path)]
+    got: list[int] = []
+
+    def take(p: Projects) -> None:
+        for _ in range(60):
+            res = p.ledger.reserve("p", p.store.quotas(["", "p"]), Ask(1, 0.1, 16))
+            got.append(len(res.keys))
+
+    threads = [threading.Thread(target=take, args=(g,)) for g in gateways]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(got) == 50
+    assert first.store.usage("p").sandboxes == 50 and first.store.usage("").sandboxes == 50
+
+
+def test_reconcile_drops_what_ended_and_adopts_what_it_did_not_know(tmp_path):
+    p = _projects(tmp_path)
+    res = p.ledger.reserve("", {}, Ask(2, 1.0, 64))
+    p.ledger.confirm([(res.keys[0], "sb-a-1", "node-a"), (res.keys[1], "sb-a-2", "node-a")])
+    old = 0.0  # created long ago: adopted
+    dropped, adopted = p.ledger.reconcile("node-a", {"sb-a-1": ("", 1.0, 64, 0.0),
+                                                     "sb-a-3": ("x", 0.5, 32, old)}, 1e10)
+    assert (dropped, adopted) == (1, 1)
+    assert p.store.usage("").sandboxes == 2 and p.store.usage("x").memory_mb == 32
+
+
+async def test_waiters_are_served_in_arrival_order(tmp_path):
+    p = _projects(tmp_path)
+    p.store.create("q", Quota(sandboxes=1))
+    first = await p.admission.admit("q", Ask(1, 1.0, 64), 0)
+    order: list[int] = []
+
+    async def wait(i: int):
+        res = await p.admission.admit("q", Ask(1, 1.0, 64), 30)
+        order.append(i)
+        await asyncio.sleep(0.01)
+        p.ledger.release(res.keys)
+        p.admission.freed()
+
+    tasks = []
+    for i in range(5):
+        tasks.append(asyncio.create_task(wait(i)))
+        await asyncio.sleep(0.01)  # arrive one after the other
+    with pytest.raises(QuotaExceeded, match="waiting behind"):  # no overtaking with 0
+        await p.admission.admit("q", Ask(1, 1.0, 64), 0)
+    p.ledger.release(first.keys)
+    p.admission.freed()
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4]
+
+
+async def test_a_wait_ends_with_quota_exceeded(tmp_path):
+    p = _projects(tmp_path)
+    p.store.create("r", Quota(sandboxes=0, creations_per_s=1))
+    with pytest.raises(QuotaExceeded, match="after waiting 0.3s") as info:
+        await p.admission.admit("r", Ask(1, 1.0, 64), 0.3)
+    assert info.value.retry_after_s >= 1
