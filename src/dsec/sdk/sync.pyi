@@ -7,12 +7,13 @@ from collections.abc import Callable, Coroutine, Iterator
 from dsec.api.fncall import FnCallRequest, FnCallResult, Language
 from dsec.api.models import ExecEvent, ExecResult, FileInfo, ImageSummary, NodeInfo, SandboxInfo
 from dsec.api.process import ProcessInfo
+from dsec.api.projects import AuditEntry, ProjectInfo, Quota, Role, TokenCreated, TokenInfo, Usage
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.sdk.process import OutputCallback
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
 
-__all__ = ["Client", "Files", "Input", "Jobs", "Process", "Pty", "Sandbox", "Shell"]
+__all__ = ["Client", "Files", "Input", "Jobs", "Process", "Projects", "Pty", "Sandbox", "Shell"]
 
 T = TypeVar("T")
 
@@ -30,12 +31,14 @@ class Client:
         ...
     def close(self) -> None:
         """Close the HTTP connections. Sandboxes keep running."""
-    def create(self, backend: Literal['container', 'microvm', 'vm', 'fncall'] = 'container', image: str = 'busybox', *, layers: builtins.list[str] | None = None, cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024, pids: int = 512, ttl_s: float | None = 3600.0, idle_ttl_s: float | None = None, on_idle: str = 'stop', cpu_class: Literal['latency', 'best_effort'] = 'latency', network: str | dict[str, bool] = 'none', job: str | None = None, labels: dict[str, str] | None = None, env: dict[str, str] | None = None, request_id: str | None = None, protected_paths: builtins.list[str] | None = None) -> Sandbox:
+    def create(self, backend: Literal['container', 'microvm', 'vm', 'fncall'] = 'container', image: str = 'busybox', *, layers: builtins.list[str] | None = None, cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024, pids: int = 512, ttl_s: float | None = 3600.0, idle_ttl_s: float | None = None, on_idle: str = 'stop', cpu_class: Literal['latency', 'best_effort'] = 'latency', network: str | dict[str, bool] = 'none', job: str | None = None, labels: dict[str, str] | None = None, env: dict[str, str] | None = None, request_id: str | None = None, protected_paths: builtins.list[str] | None = None, wait_s: float = 0.0, project: str | None = None) -> Sandbox:
         """Create one sandbox and return it running. A ``request_id`` makes the call safe
         to retry: the same key returns the sandbox the first attempt made.
         ``protected_paths`` are hierarchies no command may read or write (root included);
-        only ``exec(..., grading=True)`` reaches them."""
-    def create_many(self, count: int, backend: Literal['container', 'microvm', 'vm', 'fncall'] = 'container', image: str = 'busybox', *, layers: builtins.list[str] | None = None, cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024, pids: int = 512, ttl_s: float | None = 3600.0, idle_ttl_s: float | None = None, on_idle: str = 'stop', cpu_class: Literal['latency', 'best_effort'] = 'latency', network: str | dict[str, bool] = 'none', job: str | None = None, labels: dict[str, str] | None = None, env: dict[str, str] | None = None, request_id: str | None = None, protected_paths: builtins.list[str] | None = None) -> builtins.list[Sandbox]:
+        only ``exec(..., grading=True)`` reaches them. ``wait_s`` lets it wait (in line,
+        per project) for quota or room before it raises :class:`QuotaExceeded` or
+        :class:`Capacity`. ``project``: the token's own by default, or one below it."""
+    def create_many(self, count: int, backend: Literal['container', 'microvm', 'vm', 'fncall'] = 'container', image: str = 'busybox', *, layers: builtins.list[str] | None = None, cpu: float = 1.0, memory_mb: int = 512, disk_mb: int = 1024, pids: int = 512, ttl_s: float | None = 3600.0, idle_ttl_s: float | None = None, on_idle: str = 'stop', cpu_class: Literal['latency', 'best_effort'] = 'latency', network: str | dict[str, bool] = 'none', job: str | None = None, labels: dict[str, str] | None = None, env: dict[str, str] | None = None, request_id: str | None = None, protected_paths: builtins.list[str] | None = None, wait_s: float = 0.0, project: str | None = None) -> builtins.list[Sandbox]:
         """Create ``count`` sandboxes in one request, spread over the cluster's nodes and
         started concurrently there."""
     def get(self, sandbox_id: str) -> Sandbox:
@@ -141,6 +144,35 @@ class Process:
     def stream(self, since: int = 0) -> Iterator[ExecEvent]:
         """Its output chunks from the ``since``-th on (kept ones first, then live), then
         one ``exit`` event. Any number of followers may read one process."""
+
+
+class Projects:
+    """Nested projects, their quotas and tokens. A token sees its own project and those
+    below it; an admin token manages the projects below its own."""
+    def create(self, project: str, quota: Quota | None = None) -> ProjectInfo:
+        """A sub-project (its parent must exist) with a quota out of what the parent has
+        not given to its other sub-projects."""
+    def list(self) -> builtins.list[ProjectInfo]:
+        """This token's project and every project below it."""
+    def get(self, project: str) -> ProjectInfo:
+        ...
+    def usage(self, project: str) -> Usage:
+        """What the project and all below it hold now."""
+    def set_quota(self, project: str, quota: Quota) -> ProjectInfo:
+        ...
+    def delete(self, project: str) -> None:
+        """Delete an empty project (no sub-projects, no sandboxes); its tokens stop."""
+    def create_token(self, project: str, role: Role = 'user', ttl_s: float | None = 86400.0, name: str = '') -> str:
+        """A new token of the project; the secret is returned this once."""
+    def create_token_info(self, project: str, role: Role = 'user', ttl_s: float | None = 86400.0, name: str = '') -> TokenCreated:
+        """Like :meth:`create_token`, with the token's id (what revoke_token takes)."""
+    def tokens(self, project: str) -> builtins.list[TokenInfo]:
+        ...
+    def revoke_token(self, token: str) -> None:
+        """Revoke a token, given its id (``tok-...``) or its secret; at once, its open
+        streams included."""
+    def audit(self, project: str = '', limit: int = 100, since: float = 0.0) -> builtins.list[AuditEntry]:
+        """Newest first: management calls and refused requests of the project and below."""
 
 
 class Pty:
