@@ -83,6 +83,8 @@ async def info(request: Request, path: str = PathQuery) -> ProjectInfo:
 @router.put("/quota", response_model=ProjectInfo)
 async def set_quota(request: Request, req: ProjectUpdate, path: str = PathQuery
                     ) -> ProjectInfo:
+    """A sub-project's new quota: within what its parent has left, and no less than its
+    own sub-projects were given."""
     with _audited(request, path, req.quota.model_dump_json(exclude_none=True)):
         return gateway_of(request).projects.store.set_quota(
             _scope(request, path, below=True), req.quota)
