@@ -237,8 +237,9 @@ def gateway(server, tmp_path_factory):
     """A gateway process of its own over the session server's node agent (HTTP NodeClient)."""
     from tests.support.server import ServerProcess
     state = tmp_path_factory.mktemp("e2b-gateway")
-    (state / "token").write_text(server.token + "\n")
-    (state / "token").chmod(0o600)
+    for name in ("token", "cluster_token"):  # the node it fronts takes the server's token
+        (state / name).write_text(server.token + "\n")
+        (state / name).chmod(0o600)
     gw = ServerProcess(state_dir=state, extra_args=["--node", server.url]).start()
     yield gw
     gw.destroy()
