@@ -6,6 +6,7 @@ project's two and nothing of the other tests sharing the server.
 
 from __future__ import annotations
 
+import json
 import secrets
 
 import pytest
@@ -83,3 +84,6 @@ def test_project_commands(cli, env, sync_client):
     assert r.returncode == 1 and "was revoked" in one_error_line(r.stderr)
     assert cli("project", "rm", f"{name}/a").returncode == 0
     assert cli("project", "usage", name).stdout.split()[:2] == ["sandboxes", "0"]
+    as_json = json.loads(cli("project", "ls", "--json").stdout)
+    assert any(p["path"] == name and p["quota"]["sandboxes"] == 10 for p in as_json)
+    assert json.loads(cli("project", "usage", name, "--json").stdout)["sandboxes"] == 0

@@ -14,7 +14,7 @@ from rich.table import Table
 
 import dsec
 from dsec.api.projects import ProjectInfo
-from dsec.cli.common import age, cli_errors, err, out
+from dsec.cli.common import JsonOpt, age, cli_errors, err, out, print_json
 
 __all__ = ["project_app"]
 
@@ -42,28 +42,35 @@ def _limit(value, used=None) -> str:
 @project_app.command("create")
 @cli_errors
 def create(path: Path, sandboxes: Sandboxes = None, cpu: Cpu = None, memory_mb: Memory = None,
-           creations_per_s: Rate = None) -> None:
+           creations_per_s: Rate = None, as_json: JsonOpt = False) -> None:
     """Create a sub-project, with a quota out of what its parent has left."""
     with dsec.Client() as c:
         info = c.projects.create(path, quota=_quota(sandboxes, cpu, memory_mb, creations_per_s))
+    if as_json:
+        return print_json(info)
     out.print(info.id)
 
 
 @project_app.command("quota")
 @cli_errors
 def quota(path: Path, sandboxes: Sandboxes = None, cpu: Cpu = None, memory_mb: Memory = None,
-          creations_per_s: Rate = None) -> None:
+          creations_per_s: Rate = None, as_json: JsonOpt = False) -> None:
     """Set a sub-project's quota (unset fields: no limit of its own)."""
+    q = _quota(sandboxes, cpu, memory_mb, creations_per_s)
     with dsec.Client() as c:
-        c.projects.set_quota(path, _quota(sandboxes, cpu, memory_mb, creations_per_s))
+        c.projects.set_quota(path, q)
+    if as_json:
+        print_json({"project": path, "quota": q})
 
 
 @project_app.command("ls")
 @cli_errors
-def ls() -> None:
+def ls(as_json: JsonOpt = False) -> None:
     """This token's project and those below it, with usage against quota."""
     with dsec.Client() as c:
         infos = c.projects.list()
+    if as_json:
+        return print_json(infos)
     out.print(_table(infos))
 
 
@@ -82,19 +89,23 @@ def _table(infos: list[ProjectInfo]) -> Table:
 
 @project_app.command("usage")
 @cli_errors
-def usage(path: Path) -> None:
+def usage(path: Path, as_json: JsonOpt = False) -> None:
     """What the project and all below it hold now."""
     with dsec.Client() as c:
         u = c.projects.usage(path)
+    if as_json:
+        return print_json(u)
     out.print(f"sandboxes {u.sandboxes}  cpu {u.cpu:g}  memory_mb {u.memory_mb}")
 
 
 @project_app.command("rm")
 @cli_errors
-def rm(path: Path) -> None:
+def rm(path: Path, as_json: JsonOpt = False) -> None:
     """Delete an empty project; its tokens stop working."""
     with dsec.Client() as c:
         c.projects.delete(path)
+    if as_json:
+        print_json({"project": path, "deleted": True})
 
 
 @project_app.command("token")
@@ -102,10 +113,13 @@ def rm(path: Path) -> None:
 def token(path: Path,
           role: Annotated[str, typer.Option(help="admin, user or viewer")] = "user",
           ttl: Annotated[float, typer.Option(help="seconds until it expires; 0: never")] = 86400,
-          name: Annotated[str, typer.Option(help="a note saying whose it is")] = "") -> None:
+          name: Annotated[str, typer.Option(help="a note saying whose it is")] = "",
+          as_json: JsonOpt = False) -> None:
     """Create a token of the project and print its secret (shown this once)."""
     with dsec.Client() as c:
         made = c.projects.create_token_info(path, role=role, ttl_s=ttl or None, name=name)
+    if as_json:
+        return print_json(made)
     err.print(f"token {made.id} ({made.role} of {made.project or '(root)'}); keep the secret, "
               "it is not shown again")
     out.print(made.token)
@@ -113,10 +127,12 @@ def token(path: Path,
 
 @project_app.command("tokens")
 @cli_errors
-def tokens(path: Path) -> None:
+def tokens(path: Path, as_json: JsonOpt = False) -> None:
     """The project's tokens (ids, roles, expiry; never the secrets)."""
     with dsec.Client() as c:
         infos = c.projects.tokens(path)
+    if as_json:
+        return print_json(infos)
     table = Table(box=None, header_style="bold")
     for col in ("ID", "ROLE", "NAME", "EXPIRES", "REVOKED"):
         table.add_column(col)
@@ -129,22 +145,27 @@ def tokens(path: Path) -> None:
 
 @project_app.command("revoke")
 @cli_errors
-def revoke(token_: Annotated[str, typer.Argument(metavar="TOKEN", help="tok-... or the secret")]
-           ) -> None:
+def revoke(token_: Annotated[str, typer.Argument(metavar="TOKEN", help="tok-... or the secret")],
+           as_json: JsonOpt = False) -> None:
     """Revoke a token at once (its open streams end)."""
     with dsec.Client() as c:
         c.projects.revoke_token(token_)
+    if as_json:
+        print_json({"revoked": True})
 
 
 @project_app.command("audit")
 @cli_errors
 def audit(path: Annotated[str, typer.Argument(help="project path; default: the token's")] = "",
-          limit: Annotated[int, typer.Option(help="entries, newest first")] = 50) -> None:
+          limit: Annotated[int, typer.Option(help="entries, newest first")] = 50,
+          as_json: JsonOpt = False) -> None:
     """Management calls and refused requests of the project and below."""
     with dsec.Client() as c:
         if not path:
             path = c.projects.list()[0].path
         entries = c.projects.audit(path, limit=limit)
+    if as_json:
+        return print_json(entries)
     table = Table(box=None, header_style="bold")
     for col in ("WHEN", "PROJECT", "WHO", "ACTION", "TARGET", "OUTCOME"):
         table.add_column(col)
