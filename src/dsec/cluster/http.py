@@ -169,6 +169,20 @@ class HttpNodeClient:
             headers[SCOPE_HEADER] = scope
         return headers
 
+    async def _events(self, resp: httpx.Response) -> AsyncIterator[ExecEvent]:
+        """The NDJSON events of a streamed answer; an error line raises its error."""
+        try:
+            async for line in resp.aiter_lines():
+                if line:
+                    body = json.loads(line)
+                    if "error" in body and "type" not in body:
+                        raise error_from_wire(body, 500)
+                    yield ExecEvent.model_validate(body)
+        except httpx.TransportError as exc:
+            raise self._lost(exc) from exc
+        finally:
+            await resp.aclose()
+
     async def _json(self, method: str, path: str, **kw):
         resp = await self._send(method, path, **kw)
         return resp.json() if resp.content else None
@@ -244,18 +258,8 @@ class HttpNodeClient:
         resp = await self._send("POST", f"/v1/sandboxes/{sb_id}/exec/stream", stream=True,
                                 content=req.model_dump_json(),
                                 headers=self._json_headers)
-        try:
-            async for line in resp.aiter_lines():
-                if not line:
-                    continue
-                body = json.loads(line)
-                if "error" in body and "type" not in body:
-                    raise error_from_wire(body, 500)
-                yield ExecEvent.model_validate(body)
-        except httpx.TransportError as exc:
-            raise self._lost(exc) from exc
-        finally:
-            await resp.aclose()
+        async for ev in self._events(resp):
+            yield ev
 
     # ---- background processes ----
     async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
@@ -274,17 +278,8 @@ class HttpNodeClient:
                              ) -> AsyncIterator[ExecEvent]:
         resp = await self._send("GET", f"/v1/sandboxes/{sb_id}/processes/{pid}/events",
                                 stream=True, params={"since": since})
-        try:
-            async for line in resp.aiter_lines():
-                if line:
-                    body = json.loads(line)
-                    if "error" in body and "type" not in body:
-                        raise error_from_wire(body, 500)
-                    yield ExecEvent.model_validate(body)
-        except httpx.TransportError as exc:
-            raise self._lost(exc) from exc
-        finally:
-            await resp.aclose()
+        async for ev in self._events(resp):
+            yield ev
 
     async def process_wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo:
         resp = await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/wait",

@@ -13,9 +13,9 @@ import time
 from dsec.api.errors import Capacity, Forbidden, QuotaExceeded
 from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxSpec
 from dsec.api.projects import within
-from dsec.gateway import metrics
 from dsec.gateway.projects.quota import Ask
 from dsec.gateway.spread import create_batch
+from dsec.gateway.spread import create_one as _place_one
 
 __all__ = ["owned", "create_one", "create_many", "place"]
 
@@ -32,19 +32,8 @@ def owned(gw, who, spec: SandboxSpec) -> SandboxSpec:
 
 
 async def place(gw, spec: SandboxSpec) -> SandboxInfo:
-    """On the node placement picks; a node that refuses (its admission has the last
-    word) is skipped and the next choice tried."""
-    tried: list[str] = []
-    while True:
-        client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
-                                  key=spec.request_id)
-        try:
-            return await client.create(spec)
-        except Capacity:
-            tried.append(client.node_id)
-            metrics.RETRIES.labels("refused").inc()
-            if len(tried) >= len(gw.cluster.clients()):
-                raise
+    """On the node placement picks, the next choice tried after a refusal."""
+    return await _place_one(gw, spec)
 
 
 async def create_one(gw, who, spec: SandboxSpec) -> SandboxInfo:
