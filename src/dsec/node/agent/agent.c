@@ -406,8 +406,23 @@ static void signal_descendants(pid_t root, int sig) {
     free(ppid_of);
 }
 
+/* Closes each fd relay was given exactly once. A pty's master is both in_fd and out_fd:
+ * it stays open until the end, so no number it had is closed twice (after the first close
+ * the number may already be another thread's command pipe: a second close, or a write of
+ * stdin to it, would reach that command). */
+static void relay_close(int master, int in_fd, int out_fd, int err_fd, int pidfd) {
+    if (master >= 0) close(master);
+    else {
+        if (in_fd >= 0) close(in_fd);
+        if (out_fd >= 0) close(out_fd);
+        if (err_fd >= 0) close(err_fd);
+    }
+    if (pidfd >= 0) close(pidfd);
+}
+
 static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     int status = 0, exited = 0;
+    int master = (in_fd >= 0 && in_fd == out_fd) ? in_fd : -1; /* a pty: one fd for both */
     char buf[65536];
     /* A pidfd turns readable the moment the child exits, so no polling tick is needed. */
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -436,8 +451,7 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
                 if (r > 0) {
                     if (send_frame(conn, i == 1 ? 'O' : 'R', buf, (uint32_t)r) < 0) goto gone;
                 } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
-                    if (i == 1 && out_fd == err_fd) err_fd = -1;
-                    close(*fd);
+                    if (master < 0) close(*fd);
                     *fd = -1;
                 }
             }
@@ -446,7 +460,10 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
             ssize_t w = write(in_fd, pend + pend_off, pend_len - pend_off);
             if (w > 0) pend_off += (uint32_t)w;
             if ((w < 0 && errno != EAGAIN && errno != EINTR) || pend_off == pend_len) {
-                if (w < 0) { close(in_fd); in_fd = -1; }
+                if (w < 0) {
+                    if (master < 0) close(in_fd);
+                    in_fd = -1;
+                }
                 free(pend);
                 pend = NULL;
             }
@@ -459,7 +476,7 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
             if (type == 'I' && in_fd >= 0) {
                 ssize_t w = len ? write(in_fd, payload, len) : 0;
                 if (w < 0 && errno != EAGAIN && errno != EINTR) {
-                    close(in_fd);
+                    if (master < 0) close(in_fd);
                     in_fd = -1;
                 } else if ((uint32_t)(w < 0 ? 0 : w) < len) { /* the rest when it fits */
                     pend = payload;
@@ -467,7 +484,7 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
                     pend_off = (uint32_t)(w < 0 ? 0 : w);
                     payload = NULL;
                 }
-            } else if (type == 'E' && in_fd >= 0 && in_fd != out_fd) {
+            } else if (type == 'E' && in_fd >= 0 && master < 0) {
                 close(in_fd);
                 in_fd = -1;
             } else if (type == 'E' && in_fd >= 0) {
@@ -491,13 +508,14 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     }
     free(pend);
     if (!exited) waitpid(pid, &status, 0);
-    if (pidfd >= 0) close(pidfd);
+    relay_close(master, in_fd, out_fd, err_fd, pidfd);
     char msg[64];
     if (WIFSIGNALED(status)) snprintf(msg, sizeof msg, "%d %d", 128 + WTERMSIG(status), WTERMSIG(status));
     else snprintf(msg, sizeof msg, "%d 0", WEXITSTATUS(status));
     return send_text(conn, 'X', msg);
 gone:
-    if (pidfd >= 0) close(pidfd);
+    free(pend);
+    relay_close(master, in_fd, out_fd, err_fd, pidfd);
     /* The node went away: take the command's process group with us. */
     kill(-pid, SIGKILL);
     waitpid(pid, &status, 0);
