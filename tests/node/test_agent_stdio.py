@@ -74,3 +74,14 @@ def test_commands_keep_their_own_stdin_under_concurrency(agent_socket):
         cmd.write(f"payload {i}".encode())
     for i, cmd in enumerate(cmds):
         assert cmd.run() == (0, f"payload {i}".encode(), b"")
+
+
+def test_a_first_frame_that_is_not_a_spawn_is_refused_and_harms_nothing(agent_socket):
+    connect = _connector(agent_socket)
+    held = SyncCommand(connect, ["cat"], env=ENV)  # a command whose fds must stay its own
+    for kind in b"IEKCZX?":
+        s = connect()
+        s.sendall(_frame(bytes([kind]), b"0 0"))
+        assert s.recv(HEADER.size)[0] == ord("F")
+        s.close()
+    assert held.run(b"intact") == (0, b"intact", b"")

@@ -562,7 +562,8 @@ static void handle(int conn) {
         send_text(conn, 'A', "pong");
         return;
     }
-    struct spawn *sp = malloc(sizeof *sp);
+    struct spawn *sp = calloc(1, sizeof *sp); /* freed whole even when not parsed */
+    if (sp) sp->ruleset = -1;
     if (!sp || type != 'S' || parse_spawn(payload, sp) < 0) {
         free(payload);
         if (sp) free_spawn(sp);
