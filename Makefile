@@ -81,17 +81,24 @@ stop:
 	@if [ -f $(STATE_DIR)/server.pid ]; then kill $$(cat $(STATE_DIR)/server.pid) 2>/dev/null || true; rm -f $(STATE_DIR)/server.pid; fi
 
 # Harbor needs Python >= 3.12 (dsec's venv is 3.11): a venv of its own for
-# tests/integrations/test_harbor.py, made when a python3.12 is on the PATH
+# tests/integrations/test_harbor.py. The first python3.12/3.13 that runs is taken: on the
+# PATH, else the newest one pyenv has installed (its shims fail for versions not selected).
 HARBOR_VENV := .venv-harbor
 HARBOR_STAMP := $(HARBOR_VENV)/.installed
 harbor-venv: $(HARBOR_STAMP)
 
 $(HARBOR_STAMP): pyproject.toml
-	@py=$$(command -v python3.12 || command -v python3.13); \
-	if [ -z "$$py" ]; then echo "no python3.12 on the PATH: tests/integrations/test_harbor.py will fail"; exit 0; fi; \
-	$$py -m venv $(HARBOR_VENV) && $(HARBOR_VENV)/bin/pip install -q 'harbor==0.26.0' -e . && touch $(HARBOR_STAMP)
+	@py=""; for v in 3.12 3.13; do \
+		if python$$v -c "" 2>/dev/null; then py=$$(command -v python$$v); break; fi; \
+		pv=$$(pyenv latest $$v 2>/dev/null) && p=$$(pyenv prefix "$$pv" 2>/dev/null) && \
+		"$$p/bin/python$$v" -c "" 2>/dev/null && { py=$$p/bin/python$$v; break; }; \
+	done; \
+	if [ -z "$$py" ]; then echo "no python3.12 or 3.13: tests/integrations/test_harbor.py will fail"; exit 0; fi; \
+	echo "making $(HARBOR_VENV) with $$py"; \
+	rm -rf $(HARBOR_VENV) && $$py -m venv $(HARBOR_VENV) && \
+	$(HARBOR_VENV)/bin/pip install -q 'harbor==0.26.0' -e . && touch $(HARBOR_STAMP)
 
-test: setup
+test: setup harbor-venv
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: setup
@@ -100,4 +107,4 @@ bench: setup
 	$(PY) benchmarks/assemble.py
 
 clean: stop
-	rm -rf $(VENV) build
+	rm -rf $(VENV) $(HARBOR_VENV) build

@@ -4,11 +4,13 @@
         --ek url=http://127.0.0.1:7070 --ek token=dsec_... [--ek image=python:3.11]
 
 dsec builds no Dockerfiles here: the sandbox starts from the dsec image named by the
-``image`` option, else from the task's ``docker_image`` when dsec has an image of that name,
-else ``python:3.11``; the task's ``environment/`` files are uploaded into its ``workdir``
-(Harbor's prebuilt-image flow). Exec runs ``bash -c`` (``sh -c`` in an image without bash); files move
-through dsec's files API (tar for directories). Harbor needs Python >= 3.12; this module is
-imported by Harbor's process only.
+``image`` option, else from the task's ``docker_image`` (build the task's
+``environment/Dockerfile`` into dsec under that name with ``dsec image build``, or pull it
+with ``dsec image pull``), else, for a task with neither a ``docker_image`` nor a
+Dockerfile, from ``python:3.11``. A task without a Dockerfile has its ``environment/``
+files uploaded into its ``workdir`` (Harbor's prebuilt-image flow). Exec runs ``bash -c``
+(``sh -c`` in an image without bash); files move through dsec's files API (tar for
+directories). Harbor needs Python >= 3.12; this module is imported by Harbor's process only.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class DsecOptions(EnvironmentOptions):
     url: str | None = Field(None, description="dsec gateway URL (default: DSEC_URL)")
     token: str | None = Field(None, description="dsec token (default: DSEC_TOKEN)")
     image: str | None = Field(None, description="dsec image to start from (default: the "
-                                                "task's docker_image if dsec has it, else "
+                                                "task's docker_image, else "
                                                 f"{DEFAULT_IMAGE})")
     memory_mb: int = Field(2048, ge=64, description="sandbox memory, MiB")
     disk_mb: int = Field(4096, ge=64, description="sandbox writable layer, MiB")
@@ -66,13 +68,19 @@ class DsecEnvironment(BaseEnvironment):
     def _validate_definition(self) -> None:
         """Nothing to check: the sandbox starts from a dsec image, not a Dockerfile."""
 
-    async def _image(self, client: dsec.AsyncClient) -> str:
-        opts = self.options
-        if opts.image:
-            return opts.image
-        wanted = self.task_env_config.docker_image
-        if wanted and wanted in {i.name for i in await client.images()}:
-            return wanted
+    def _image(self) -> str:
+        """The dsec image the sandbox starts from (see the module docstring)."""
+        if self.options.image:
+            return self.options.image
+        if wanted := self.task_env_config.docker_image:
+            return wanted  # dsec's create names the ways to get it when the node lacks it
+        dockerfile = self.environment_dir / "Dockerfile"
+        if dockerfile.exists():
+            # a build on the node gives the image a name that both sides then agree on
+            raise ValueError(f"the dsec environment builds no Dockerfile: build it into dsec "
+                             f"with `dsec image build {dockerfile} --tag NAME` on the node, "
+                             f"then set [environment] docker_image = \"NAME\" in task.toml "
+                             f"or pass --ek image=NAME")
         return DEFAULT_IMAGE
 
     async def start(self, force_build: bool) -> None:
@@ -84,7 +92,7 @@ class DsecEnvironment(BaseEnvironment):
                              f"asks network_mode={mode.value!r}: set [environment] "
                              'network_mode = "no-network" in its task.toml')
         self._client = dsec.AsyncClient(opts.url, opts.token)
-        image = await self._image(self._client)
+        image = self._image()
         cpus = self._effective_cpus or 1
         memory = self._effective_memory_mb or opts.memory_mb
         self._sandbox = await self._client.create(
