@@ -247,3 +247,38 @@ async def test_projects_and_ownership_survive_a_server_crash(tmp_path):
                 await o.get(sb.id)
     finally:
         srv.destroy()
+
+
+async def test_only_a_grader_or_admin_token_runs_the_grading_step(client, name):
+    """grading=True reaches protected paths: a user token (what an agent's harness holds)
+    gets 403 on exec, exec stream and a background process, each audited; a grader token
+    of the project reads them, and an ordinary command of the grader stays confined."""
+    await client.projects.create(name)
+    user = await client.projects.create_token(name, role="user")
+    grader = await client.projects.create_token(name, role="grader")
+    async with dsec.AsyncClient(client.url, user) as u, \
+            dsec.AsyncClient(client.url, grader) as g:
+        sb = await u.create(memory_mb=64, protected_paths=["/grader"])
+        try:
+            await sb.files.write("/grader/secret.txt", b"answer-42\n")
+            body = {"cmd": "cat /grader/secret.txt", "grading": True}
+            for call in (sb.exec("cat /grader/secret.txt", grading=True),
+                         sb.exec_stream("cat /grader/secret.txt", grading=True).__anext__(),
+                         u._request("POST", f"/v1/sandboxes/{sb.id}/processes", json=body)):
+                with pytest.raises(dsec.Forbidden, match="grading=True .* user token may not"):
+                    await call
+            assert (await sb.exec("cat /grader/secret.txt")).exit_code != 0
+            as_grader = await g.get(sb.id)
+            r = await as_grader.exec("cat /grader/secret.txt", grading=True)
+            assert (r.exit_code, r.stdout) == (0, "answer-42\n")
+            events = [ev async for ev in as_grader.exec_stream("cat /grader/secret.txt",
+                                                               grading=True)]
+            assert "answer-42" in "".join(ev.data or "" for ev in events)
+            assert (await as_grader.exec("cat /grader/secret.txt")).exit_code != 0
+            grader_made = await g.create(memory_mb=64)  # a grader is a user too
+            await grader_made.stop()
+        finally:
+            await sb.stop()
+    refused = [e for e in await client.projects.audit(name)
+               if e.target == "grading=True" and e.outcome.startswith("forbidden")]
+    assert len(refused) == 3

@@ -40,8 +40,10 @@ __all__ = [
     "MAX_RATE",
 ]
 
-Role = Literal["admin", "user", "viewer"]
-ROLES: tuple[Role, ...] = ("viewer", "user", "admin")  # each may do what those before may
+Role = Literal["admin", "grader", "user", "viewer"]
+# each may do what those before it may; ``grader`` is a user that may also run the grading
+# step (``exec(..., grading=True)``), which reaches a sandbox's protected paths
+ROLES: tuple[Role, ...] = ("viewer", "user", "grader", "admin")
 
 MAX_DEPTH = 16          # levels below the root; deeper trees are a mistake, not a need
 MAX_SEGMENT = 64        # characters of one path segment

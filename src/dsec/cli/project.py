@@ -111,7 +111,7 @@ def rm(path: Path, as_json: JsonOpt = False) -> None:
 @project_app.command("token")
 @cli_errors
 def token(path: Path,
-          role: Annotated[str, typer.Option(help="admin, user or viewer")] = "user",
+          role: Annotated[str, typer.Option(help="admin, grader, user or viewer")] = "user",
           ttl: Annotated[float, typer.Option(help="seconds until it expires; 0: never")] = 86400,
           name: Annotated[str, typer.Option(help="a note saying whose it is")] = "",
           as_json: JsonOpt = False) -> None:

@@ -1,7 +1,11 @@
 """Which role a request needs, from its method and path alone. Pure.
 
 ``viewer`` reads; ``user`` also creates and uses sandboxes, runs fncalls and job verbs;
-``admin`` also manages sub-projects, their quotas and tokens, and reads the audit log.
+``grader`` also runs the grading step (``grading=True`` on an exec, an exec stream or a
+background process), the one command that reaches a sandbox's protected paths, so an agent
+holding a user token cannot read its own hidden tests; ``admin`` also manages sub-projects,
+their quotas and tokens, and reads the audit log (it may mint a grader token, so it may
+grade too).
 Changing the node's images (push, remove) is for an admin of the root project: images are
 shared by every project.
 """
@@ -10,9 +14,10 @@ from __future__ import annotations
 
 from dsec.api.projects import ROLES, Role
 
-__all__ = ["needed", "allows", "ROOT_ONLY"]
+__all__ = ["needed", "allows", "may_grade", "ROOT_ONLY", "GRADER"]
 
 ROOT_ONLY = "root-admin"
+GRADER: Role = "grader"
 _READ = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -35,3 +40,8 @@ def allows(role: Role, project: str, need: Role | str) -> bool:
     if need == ROOT_ONLY:
         return role == "admin" and project == ""
     return ROLES.index(role) >= ROLES.index(need)  # type: ignore[arg-type]
+
+
+def may_grade(role: Role) -> bool:
+    """Whether a token of ``role`` may run the grading step."""
+    return ROLES.index(role) >= ROLES.index(GRADER)

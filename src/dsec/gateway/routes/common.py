@@ -8,14 +8,16 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from dsec.api.errors import NodeLost
+from dsec.api.errors import Forbidden, NodeLost
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
+from dsec.gateway.auth import principal_of
 from dsec.gateway.projects import Projects
+from dsec.gateway.projects.roles import GRADER, may_grade
 from dsec.gateway.watcher import Watcher
 
-__all__ = ["Gateway", "gateway_of", "client_for", "model_response"]
+__all__ = ["Gateway", "gateway_of", "client_for", "model_response", "check_grading"]
 
 
 @dataclass
@@ -51,3 +53,18 @@ def model_response(model: BaseModel, status_code: int = 200) -> Response:
     and encode it twice (the route keeps response_model for the OpenAPI schema)."""
     return Response(type(model).__pydantic_serializer__.to_json(model),
                     status_code=status_code, media_type="application/json")
+
+
+def check_grading(request: Request, grading: bool) -> None:
+    """A command with ``grading=True`` reaches the sandbox's protected paths: only a
+    grader or admin token may ask for one (Forbidden, audited, otherwise). A node's own
+    API takes it from its gateway, which checked."""
+    projects, who = gateway_of(request).projects, principal_of(request)
+    if not grading or projects is None or who is None or may_grade(who.role):
+        return
+    err = Forbidden(f"grading=True reaches the sandbox's protected paths: a {who.role} token "
+                    f"may not ask for it; run the grading step with a {GRADER} (or admin) "
+                    "token of the project")
+    projects.audit.record(who.project, who.who, f"{request.method} {request.url.path}",
+                          "grading=True", f"forbidden: {err.message}")
+    raise err

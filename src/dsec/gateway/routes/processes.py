@@ -12,7 +12,7 @@ from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
                               SignalRequest, StdinRequest, TimeoutRequest)
-from dsec.gateway.routes.common import client_for
+from dsec.gateway.routes.common import check_grading, client_for
 
 __all__ = ["router"]
 
@@ -29,6 +29,7 @@ async def set_timeout(request: Request, sb_id: str, req: TimeoutRequest) -> Sand
 async def start(request: Request, sb_id: str, req: ProcessRequest) -> ProcessInfo:
     """Start a command in the background; answers once it runs, with its pid. Its output
     is kept on the node (up to ``max_output`` per stream) for any client to read."""
+    check_grading(request, req.grading)
     return await client_for(request, sb_id).process_start(sb_id, req)
 
 

@@ -14,7 +14,7 @@ from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest,
 from dsec.cluster.http import load_to_wire
 from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
-from dsec.gateway.routes.common import client_for, gateway_of, model_response
+from dsec.gateway.routes.common import check_grading, client_for, gateway_of, model_response
 from dsec.gateway.spread import create_batch, healthy_clients, list_all
 from dsec.placement.admission import NodeLoad
 
@@ -84,6 +84,7 @@ async def resume(request: Request, sb_id: str) -> Response:
 
 @router.post("/sandboxes/{sb_id}/exec", response_model=ExecResult)
 async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
+    check_grading(request, req.grading)
     return model_response(await client_for(request, sb_id).exec(sb_id, req))
 
 

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from dsec.api.errors import DSecError, Unauthorized
 from dsec.api.models import ExecRequest
 from dsec.gateway.auth import principal_of
-from dsec.gateway.routes.common import client_for, gateway_of
+from dsec.gateway.routes.common import check_grading, client_for, gateway_of
 
 __all__ = ["router"]
 
@@ -24,6 +24,7 @@ RECHECK_S = 1.0
 @router.post("/exec/stream", response_class=StreamingResponse)
 async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> StreamingResponse:
     """NDJSON lines of ExecEvent: output chunks as they come, then one ``exit``."""
+    check_grading(request, req.grading)
     events = client_for(request, sb_id).exec_stream(sb_id, req)
     first = await events.__anext__()  # errors such as an unknown id surface as a status
     valid = _validity(request)
