@@ -4,14 +4,18 @@ containers (the SDK's ``/bin/bash -l -c`` runs with busybox's sh)."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import struct
 import time
 
 import httpx
 import pytest
 from e2b import (AsyncSandbox, AuthenticationException, CommandExitException,
-                 NotEnoughSpaceException, Sandbox, SandboxException, SandboxQuery,
-                 TimeoutException)
+                 NotEnoughSpaceException, RateLimitException, Sandbox, SandboxException,
+                 SandboxNotFoundException, SandboxQuery, TimeoutException)
+
+import dsec
 
 
 @pytest.fixture
@@ -168,6 +172,95 @@ def test_async_sdk_works_too(e2b_env):
             await sb.kill()
 
     assert asyncio.run(go()) == ("async\n", "y")
+
+
+# ---- projects: a project token as the API key ----
+
+@pytest.fixture
+def project(e2b_env):
+    """A project with a quota of one sandbox, a user and a viewer token; emptied after."""
+    name = f"e2b{secrets.token_hex(4)}"
+    with dsec.Client(e2b_env.url, e2b_env.token) as root:
+        root.projects.create(name, quota=dsec.Quota(sandboxes=1))
+        user = root.projects.create_token(name, role="user")
+        viewer = root.projects.create_token(name, role="viewer")
+        yield root, name, user, viewer
+        for info in root.list():
+            if info.project == name and info.state not in ("stopped", "failed"):
+                try:
+                    root.get(info.id).stop()
+                except dsec.NotFound:
+                    pass
+
+
+def test_a_project_tokens_creates_take_its_quota(project, sbx):
+    root, name, user, _ = project
+    sb = Sandbox.create(template="busybox", api_key=user)
+    try:
+        assert root.get(sb.sandbox_id).info.project == name
+        assert root.projects.usage(name).sandboxes == 1
+        with pytest.raises(RateLimitException, match=f"{name}.*quota.sandboxes 1"):
+            Sandbox.create(template="busybox", api_key=user)
+        # the project sees its own sandbox only: the root's is not found, never touched
+        assert [s.sandbox_id for s in Sandbox.list(api_key=user).next_items()] == \
+            [sb.sandbox_id]
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(sbx.sandbox_id, api_key=user)
+        assert Sandbox.kill(sbx.sandbox_id, api_key=user) is False
+        assert sbx.is_running()
+        assert sb.commands.run("echo in-project").stdout == "in-project\n"
+    finally:
+        assert sb.kill() is True
+    assert root.projects.usage(name).sandboxes == 0  # given back at once, not at reconcile
+    again = Sandbox.create(template="busybox", api_key=user)
+    again.kill()
+
+
+def test_a_quota_refusal_is_429_not_retried_by_the_sdk(project, e2b_env):
+    _, _, user, _ = project
+    holder = Sandbox.create(template="busybox", api_key=user)
+    try:
+        r = httpx.post(f"{e2b_env.url}/e2b/sandboxes", json={"templateID": "busybox"},
+                       headers={"X-API-Key": user})
+        assert r.status_code == 429 and r.json()["code"] == 429
+        assert r.headers["retry-after"].isdigit() and r.headers["should-retry"] == "false"
+        with pytest.raises(RateLimitException, match="after waiting 1s"):
+            Sandbox.create(template="busybox", api_key=user, metadata={"dsec.wait_s": "1"})
+    finally:
+        holder.kill()
+
+
+def test_a_waiting_create_is_served_when_room_comes_free(project):
+    _, name, user, _ = project
+
+    async def go() -> str:
+        holder = await AsyncSandbox.create(template="busybox", api_key=user)
+        waiting = asyncio.ensure_future(AsyncSandbox.create(
+            template="busybox", api_key=user, metadata={"dsec.wait_s": "60"}))
+        await asyncio.sleep(0.2)  # not a synchronisation: served either way
+        assert not waiting.done()
+        await holder.kill()
+        sb = await waiting
+        out = (await sb.commands.run("echo served")).stdout
+        await sb.kill()
+        return out
+
+    assert asyncio.run(go()) == "served\n"
+
+
+def test_roles_and_revocation_hold_for_the_e2b_api(project):
+    root, name, _, viewer = project
+    assert Sandbox.list(api_key=viewer).next_items() == []
+    with pytest.raises(SandboxException) as exc:
+        Sandbox.create(template="busybox", api_key=viewer)
+    assert exc.value.status_code == 403 and "needs user" in str(exc.value)
+    made = root.projects.create_token_info(name, role="user")
+    root.projects.revoke_token(made.id)
+    with pytest.raises(AuthenticationException, match="revoked"):
+        Sandbox.create(template="busybox", api_key=made.token)
+    refused = [e.outcome.split(":")[0] for e in root.projects.audit(name)
+               if e.action.startswith("POST /e2b")]
+    assert "forbidden" in refused
 
 
 # ---- bad input ----

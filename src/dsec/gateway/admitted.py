@@ -17,7 +17,7 @@ from dsec.gateway.projects.quota import Ask
 from dsec.gateway.spread import create_batch
 from dsec.gateway.spread import create_one as _place_one
 
-__all__ = ["owned", "create_one", "create_many", "place"]
+__all__ = ["owned", "create_one", "create_many", "place", "stop"]
 
 
 def owned(gw, who, spec: SandboxSpec) -> SandboxSpec:
@@ -79,3 +79,12 @@ async def create_many(gw, who, req: CreateManyRequest) -> tuple[list[SandboxInfo
         errors += errs
         first, left = first + n, left - n
     return made, errors
+
+
+async def stop(gw, client, sb_id: str) -> None:
+    """Stop ``sb_id`` on its node and give its room back at once (the head of its
+    project's queue tries again now, not at the next reconcile)."""
+    await client.stop(sb_id)
+    if gw.projects is not None:
+        gw.projects.ledger.stopped(sb_id)
+        gw.projects.admission.freed()

@@ -66,10 +66,7 @@ async def get(request: Request, sb_id: str) -> Response:
 
 @router.delete("/sandboxes/{sb_id}", status_code=204)
 async def stop(request: Request, sb_id: str) -> None:
-    await client_for(request, sb_id).stop(sb_id)
-    if (projects := gateway_of(request).projects) is not None:
-        projects.ledger.stopped(sb_id)
-        projects.admission.freed()
+    await admitted.stop(gateway_of(request), client_for(request, sb_id), sb_id)
 
 
 @router.post("/sandboxes/{sb_id}/pause", response_model=SandboxInfo)

@@ -4,7 +4,10 @@ Every route goes through the gateway's own sandbox routes and :func:`client_for`
 works the same over the embedded node and over a cluster. A template is a dsec image name.
 Metadata becomes the sandbox's labels; the keys ``dsec.backend``, ``dsec.cpu``,
 ``dsec.memory_mb`` and ``dsec.disk_mb`` also size the sandbox (E2B keeps that in the
-template, which dsec images do not carry). Errors answer E2B's ``{"code", "message"}``.
+template, which dsec images do not carry). A create is admitted like dsec's own: in the
+API key's project, under its quota; ``dsec.wait_s`` lets it wait in line (0, E2B's
+behaviour, by default), and a refusal is 429, the SDK's ``RateLimitException``
+(marked not to be retried: :func:`_retry_headers`). Errors answer E2B's ``{"code", "message"}``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from dsec.api.errors import DSecError, InvalidArgument, NotFound
+from dsec.api.errors import DSecError, InvalidArgument, NotFound, QuotaExceeded
 from dsec.api.models import SandboxInfo, SandboxSpec, describe, validated
 from dsec.api.process import MAX_TIMEOUT_S
 from dsec.gateway.routes.common import client_for, gateway_of
-from dsec.gateway.spread import create_one, list_all
+from dsec.gateway import admitted
+from dsec.gateway.auth import principal_of
+from dsec.gateway.spread import list_all
 from dsec.integrations.e2b.auth import Keys
+from dsec.integrations.e2b.callers import calling
 from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutRequest, created,
                                           detail, listed)
@@ -31,32 +37,46 @@ from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutReq
 __all__ = ["control_router", "fallback_router"]
 
 _SIZING = {"dsec.backend": "backend", "dsec.cpu": "cpu", "dsec.memory_mb": "memory_mb",
-           "dsec.disk_mb": "disk_mb"}
+           "dsec.disk_mb": "disk_mb", "dsec.wait_s": "wait_s"}
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status,
+                        headers=headers)
 
 
 class _E2BRoute(APIRoute):
-    """Checks the API key first, and answers every failure in E2B's error shape."""
+    """Checks the API key first (:func:`~.callers.calling`: a dsec token, whose project the
+    call runs in), and answers every failure in E2B's error shape (429 with
+    ``Retry-After``, which the SDK raises as ``RateLimitException``)."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            keys: Keys = request.app.state.e2b_keys
-            if not keys.api_key_ok(request.headers.get("x-api-key")):
-                return _error(401, "missing or wrong API key: set E2B_API_KEY to the dsec "
-                                   "server's token")
             try:
-                return await handler(request)
+                with calling(request):
+                    return await handler(request)
             except DSecError as exc:
-                return _error(exc.status, exc.message)
+                return _error(exc.status, exc.message, _retry_headers(exc))
             except RequestValidationError as exc:
                 return _error(400, describe(exc))
 
         return route
+
+
+def _retry_headers(exc: DSecError) -> dict[str, str] | None:
+    """``Retry-After`` on a 429. A quota refusal also says ``Should-Retry: false``: dsec
+    already kept the create in its project's FIFO line for the ``dsec.wait_s`` it asked
+    for, and the SDK's blind retries (3 by default) would jump that line; a full cluster
+    (Capacity) is left to the SDK's retries."""
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is None:
+        return None
+    headers = {"retry-after": str(retry)}
+    if isinstance(exc, QuotaExceeded):
+        headers["should-retry"] = "false"
+    return headers
 
 
 def _not_found(sb_id: str) -> NotFound:
@@ -100,8 +120,12 @@ def control_router(config: E2BConfig) -> APIRouter:
 
     async def create(request: Request, body: NewSandbox) -> JSONResponse:
         spec = _spec(body, config)
+        gw = gateway_of(request)
         try:
-            info = await create_one(gateway_of(request), spec)
+            if gw.projects is None:  # a node's own API: its gateway admitted the create
+                info = await admitted.place(gw, spec)
+            else:
+                info = await admitted.create_one(gw, principal_of(request), spec)
         except NotFound as exc:
             if spec.image not in exc.message:
                 raise
@@ -145,7 +169,7 @@ def control_router(config: E2BConfig) -> APIRouter:
     @router.delete("/sandboxes/{sb_id}", status_code=204)
     async def kill(request: Request, sb_id: str) -> Response:
         await _info(request, sb_id)
-        await client_for(request, sb_id).stop(sb_id)
+        await admitted.stop(gateway_of(request), client_for(request, sb_id), sb_id)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sb_id}/pause", status_code=204)
