@@ -111,3 +111,49 @@ async def test_a_wait_ends_with_quota_exceeded(tmp_path):
     with pytest.raises(QuotaExceeded, match="after waiting 0.3s") as info:
         await p.admission.admit("r", Ask(1, 1.0, 64), 0.3)
     assert info.value.retry_after_s >= 1
+
+
+def test_a_revocation_or_quota_change_on_one_gateway_reaches_the_others_cache(tmp_path):
+    """Callers and quotas are kept in memory between requests; a change made through
+    another gateway sharing the store is seen on the next request all the same."""
+    from dsec.api.errors import Unauthorized
+    first, second = _projects(tmp_path), _projects(tmp_path)
+    first.store.create("c", Quota(sandboxes=5))
+    made = first.store.create_token("c", "user", None)
+    header = f"Bearer {made.token}".encode()
+    assert second.authenticate(header).project == "c"  # now kept by the second
+    assert second.store.quotas(["", "c"])["c"].sandboxes == 5
+    first.store.set_quota("c", Quota(sandboxes=7))
+    assert second.store.quotas(["", "c"])["c"].sandboxes == 7
+    first.store.revoke_token(made.id)
+    with pytest.raises(Unauthorized, match="revoked"):
+        second.authenticate(header)
+    short = first.store.create_token("c", "user", 0.3)
+    who = second.authenticate(f"Bearer {short.token}".encode())
+    assert second.still_valid(who)
+    import time
+    deadline = time.monotonic() + 30
+    while second.still_valid(who) and time.monotonic() < deadline:  # expiry: by the clock
+        time.sleep(0.05)
+    with pytest.raises(Unauthorized, match="expired"):
+        second.authenticate(f"Bearer {short.token}".encode())
+
+
+def test_deferred_confirmations_count_as_held_and_are_written_with_the_next_write(tmp_path):
+    first, second = _projects(tmp_path), _projects(tmp_path)
+    first.store.create("d", Quota(sandboxes=2))
+    flushes: list[int] = []
+    first.ledger.defer = lambda: flushes.append(1)  # a loop would flush() later
+    a = first.ledger.reserve("d", first.store.quotas(["", "d"]), Ask(1, 0.1, 16))
+    first.ledger.confirm([(a.keys[0], "sb-n-1", "node-n")])
+    assert flushes == [1]
+    # not written yet, but counted: the other gateway fits one more and no more
+    assert second.conn.execute("SELECT sb_id FROM held WHERE key = ?",
+                               (a.keys[0],)).fetchone() == (None,)
+    assert len(second.ledger.reserve("d", second.store.quotas(["", "d"]),
+                                     Ask(1, 0.1, 16)).keys) == 1
+    assert second.ledger.reserve("d", second.store.quotas(["", "d"]),
+                                 Ask(1, 0.1, 16)).problem is not None
+    first.ledger.stopped("sb-n-1")  # its write carries the confirmation first
+    assert first.store.usage("d").sandboxes == 1
+    assert second.ledger.held_on("node-n") == 0

@@ -18,7 +18,7 @@ from dsec.api.errors import DSecError, Unauthorized
 from dsec.gateway.projects.admission import Admission
 from dsec.gateway.projects.audit import AuditLog
 from dsec.gateway.projects.db import open_control_db
-from dsec.gateway.projects.ledger import Ledger
+from dsec.gateway.projects.ledger import FLUSH_S, Ledger
 from dsec.gateway.projects.store import Principal, ProjectStore, token_hash
 
 __all__ = ["Projects", "Principal", "ROOT"]
@@ -41,6 +41,7 @@ class Projects:
         self._root = f"Bearer {root_token}".encode()
         self.reconcile_s = reconcile_s
         self._task: asyncio.Task | None = None
+        self._flush_at: asyncio.TimerHandle | None = None
 
     def authenticate(self, header: bytes) -> Principal:
         """The caller an ``Authorization`` header names; Unauthorized saying why not."""
@@ -63,6 +64,20 @@ class Projects:
     # ---- keeping the ledger true ----
     def start(self, gateway) -> None:
         self._task = asyncio.create_task(self._reconcile_forever(gateway))
+        self.ledger.defer = self._flush_soon
+
+    def _flush_soon(self) -> None:
+        """Confirmations wait in memory: written with the next write, or FLUSH_S from now."""
+        if self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        try:
+            self.ledger.flush()
+        except Exception:  # kept in memory; the next write or flush writes them
+            log.exception("writing confirmations to the project ledger failed")
+            self._flush_soon()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -71,6 +86,10 @@ class Projects:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+        self.ledger.defer = None
+        self.ledger.flush()
         self.conn.close()
 
     async def _reconcile_forever(self, gw) -> None:

@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, path TEXT NOT NULL,
     who TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, outcome TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_path ON audit(path, seq);
+-- 'gen' goes up with every change of a project or a token's revocation: each gateway
+-- keeps what it read of them (principals, quotas) while gen stays what it was
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('gen', 0);
 """
 
 

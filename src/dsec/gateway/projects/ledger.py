@@ -7,6 +7,13 @@ project's rolled-up sums, so an admission reads one row per level instead of sum
 Sandboxes can also end on their own (TTL, idle, a job stopped, a node lost); the nodes'
 records are the truth of what exists, and :meth:`Ledger.reconcile` brings the rows of a
 node back to what that node lists.
+
+Only a reservation (and a stop) must be a transaction of its own: the count it changes
+is what every gateway admits against. Giving a row its sandbox id changes no count, so a
+gateway with a running loop (:attr:`Ledger.defer`) keeps its confirmations in memory and
+writes them in its next write transaction, or at the latest :data:`FLUSH_S` later: a
+create then costs one write transaction instead of two. Until then the row counts as a
+create in flight (as it did while the node worked), so no quota can be exceeded by it.
 """
 
 from __future__ import annotations
@@ -15,16 +22,19 @@ import math
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from dsec.api.projects import Quota, Usage, ancestors
 from dsec.gateway.projects.db import write
 from dsec.gateway.projects.quota import Ask, admit_problem, refill
 
-__all__ = ["Ledger", "Reservation", "ADOPT_AFTER_S", "PENDING_FOR_S"]
+__all__ = ["Ledger", "Reservation", "ADOPT_AFTER_S", "PENDING_FOR_S", "FLUSH_S"]
 
 ADOPT_AFTER_S = 60.0   # a sandbox no row knows, this old, was made before (or around) us
 PENDING_FOR_S = 600.0  # a reservation never confirmed this long: its gateway died mid-create
+FLUSH_S = 0.05         # confirmations kept in memory at most this long (see above)
 
 
 @dataclass
@@ -51,6 +61,29 @@ def _fits(chain: list[tuple[str, Quota, Usage]], ask: Ask) -> int:
 class Ledger:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        # set by the gateway's loop: called when confirmations wait, it arranges for
+        # flush() within FLUSH_S; None confirms at once (no loop to flush later)
+        self.defer: Callable[[], None] | None = None
+        self._confirms: list[tuple[str, str, str, float]] = []
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """A write transaction that first writes the confirmations waiting in memory
+        (kept for the next one if it rolls back)."""
+        waiting, self._confirms = self._confirms, []
+        try:
+            with write(self.conn):
+                self._apply_confirms(waiting)
+                yield
+        except BaseException:
+            self._confirms[:0] = waiting
+            raise
+
+    def flush(self) -> None:
+        """Write the confirmations waiting in memory now."""
+        if self._confirms:
+            with self._write():
+                pass
 
     def _usage(self, paths: list[str]) -> dict[str, tuple]:
         marks = ",".join("?" * len(paths))
@@ -59,12 +92,11 @@ class Ledger:
         return {r[0]: r[1:] for r in rows}
 
     def _add(self, path: str, n: int, cpu: float, memory_mb: int) -> None:
-        for p in ancestors(path):
-            self.conn.execute(
-                "INSERT INTO usage (path, sandboxes, cpu, memory_mb) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(path) DO UPDATE SET sandboxes = sandboxes + excluded.sandboxes, "
-                "cpu = cpu + excluded.cpu, memory_mb = memory_mb + excluded.memory_mb",
-                (p, n, cpu, memory_mb))
+        self.conn.executemany(
+            "INSERT INTO usage (path, sandboxes, cpu, memory_mb) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(path) DO UPDATE SET sandboxes = sandboxes + excluded.sandboxes, "
+            "cpu = cpu + excluded.cpu, memory_mb = memory_mb + excluded.memory_mb",
+            [(p, n, cpu, memory_mb) for p in ancestors(path)])
 
     def reserve(self, path: str, quotas: dict[str, Quota], ask: Ask,
                 partial: bool = False) -> Reservation:
@@ -72,7 +104,7 @@ class Ledger:
         quota from the root down to ``path``, in one transaction."""
         chain_paths = ancestors(path)
         now = time.time()
-        with write(self.conn):
+        with self._write():
             used = self._usage(chain_paths)
             chain = [(p, quotas.get(p) or Quota(),
                       Usage(**dict(zip(("sandboxes", "cpu", "memory_mb"), used[p][:3])))
@@ -113,17 +145,24 @@ class Ledger:
         return Reservation(path, problem=f"only {n} of the {ask.count} fit now")
 
     def confirm(self, made: list[tuple[str, str, str]]) -> None:
-        """``(key, sb_id, node)`` per sandbox the nodes made."""
+        """``(key, sb_id, node)`` per sandbox the nodes made (written now, or with the
+        next write when :attr:`defer` is set)."""
         if not made:
             return
         now = time.time()
-        with write(self.conn):
-            for key, sb, node in made:
-                if self.conn.execute("SELECT 1 FROM held WHERE sb_id = ?", (sb,)).fetchone():
-                    self._drop("key = ?", [key])  # a retried request_id: held already
-                else:
-                    self.conn.execute("UPDATE held SET sb_id = ?, node = ?, at = ? "
-                                      "WHERE key = ?", (sb, node, now, key))
+        self._confirms += [(key, sb, node, now) for key, sb, node in made]
+        if self.defer is None:
+            self.flush()
+        else:
+            self.defer()
+
+    def _apply_confirms(self, made: list[tuple[str, str, str, float]]) -> None:
+        for key, sb, node, at in made:
+            if self.conn.execute("SELECT 1 FROM held WHERE sb_id = ?", (sb,)).fetchone():
+                self._drop("key = ?", [key])  # a retried request_id: held already
+            else:
+                self.conn.execute("UPDATE held SET sb_id = ?, node = ?, at = ? "
+                                  "WHERE key = ?", (sb, node, at, key))
 
     def _drop(self, where: str, args: list) -> int:
         rows = self.conn.execute(f"SELECT key, path, cpu, memory_mb FROM held WHERE {where}",
@@ -136,15 +175,16 @@ class Ledger:
     def release(self, keys: list[str]) -> None:
         """Give back reservations whose sandboxes were not made."""
         if keys:
-            with write(self.conn):
+            with self._write():
                 for k in keys:
                     self._drop("key = ?", [k])
 
     def stopped(self, sb_id: str) -> None:
-        with write(self.conn):
+        with self._write():
             self._drop("sb_id = ?", [sb_id])
 
     def held_on(self, node: str) -> int:
+        self.flush()
         return self.conn.execute("SELECT count(*) FROM held WHERE node = ?",
                                  (node,)).fetchone()[0]
 
@@ -154,7 +194,7 @@ class Ledger:
         memory_mb, created_at): rows of sandboxes gone are dropped, sandboxes no row
         knows are taken in once they are older than a create can be in flight. Returns
         (dropped, adopted)."""
-        with write(self.conn):
+        with self._write():
             rows = self.conn.execute("SELECT sb_id, key FROM held WHERE node = ? AND at < ?",
                                      (node, listed_at)).fetchall()
             dropped = sum(self._drop("key = ?", [key]) for sb, key in rows

@@ -4,6 +4,13 @@ Tokens are random 256-bit secrets shown once; the store keeps only their SHA-256
 password hash buys nothing for a secret no one can guess, and would cost every request).
 A token belongs to its project's id, not its path: a token of a deleted project stays
 refused even if a new project of the same path is made.
+
+What every request reads (the caller a token names, the quotas on its way to the root) is
+kept in memory while the store's generation (``meta.gen``, raised in the same transaction
+as every change of a project and every revocation, by whichever gateway makes it) stays
+the same: a request then costs one indexed read of that number, and a revoked token is
+refused by every gateway sharing the store from its next request on. Expiry is checked
+against the clock on every use.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ def _parent(path: str) -> str:
     return path.rpartition("/")[0]
 
 
+_CACHED = 10_000  # principals (and quota chains) kept at most; past it, start again
+
+
 class ProjectStore:
     """Projects, tokens (and, through :class:`~dsec.gateway.projects.ledger.Ledger` on
     the same connection, usage and audit) of one installation."""
@@ -57,6 +67,26 @@ class ProjectStore:
         with write(conn):
             conn.execute("INSERT OR IGNORE INTO projects (id, path, created_at) "
                          "VALUES (?, '', ?)", (ROOT_ID, time.time()))
+        self._gen = -1
+        self._principals: dict[bytes, tuple[Principal, float | None]] = {}
+        self._quotas: dict[tuple[str, ...], dict[str, Quota]] = {}
+
+    # ---- what requests read, kept while the generation stands ----
+    def _bump(self) -> None:
+        """Inside a write transaction that changes a project or revokes a token."""
+        self.conn.execute("UPDATE meta SET value = value + 1 WHERE key = 'gen'")
+
+    def _fresh(self) -> None:
+        gen = self.conn.execute("SELECT value FROM meta WHERE key = 'gen'").fetchone()[0]
+        if gen != self._gen:
+            self._principals.clear()
+            self._quotas.clear()
+            self._gen = gen
+
+    def _keep(self, cache: dict, key, value) -> None:
+        if len(cache) >= _CACHED:
+            cache.clear()
+        cache[key] = value
 
     # ---- projects ----
     def _row(self, path: str):
@@ -70,10 +100,17 @@ class ProjectStore:
         return _quota(self._row(path))
 
     def quotas(self, paths: list[str]) -> dict[str, Quota]:
+        """The quota of each of ``paths`` that exists (callers do not change the dict)."""
+        self._fresh()
+        key = tuple(paths)
+        if (got := self._quotas.get(key)) is not None:
+            return got
         marks = ",".join("?" * len(paths))
         rows = self.conn.execute(f"SELECT {_COLS} FROM projects WHERE path IN ({marks})",
                                  paths).fetchall()
-        return {r[1]: _quota(r) for r in rows}
+        got = {r[1]: _quota(r) for r in rows}
+        self._keep(self._quotas, key, got)
+        return got
 
     def _children(self, path: str) -> list:
         # direct children only: deeper ones took their quota out of these
@@ -101,6 +138,7 @@ class ProjectStore:
                 f"INSERT INTO projects ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (pid, path, time.time(), quota.sandboxes, quota.cpu, quota.memory_mb,
                  quota.creations_per_s))
+            self._bump()
         return self.info(path)
 
     def set_quota(self, path: str, quota: Quota) -> ProjectInfo:
@@ -125,6 +163,7 @@ class ProjectStore:
                               "creations_per_s = ? WHERE path = ?",
                               (quota.sandboxes, quota.cpu, quota.memory_mb,
                                quota.creations_per_s, path))
+            self._bump()
         return self.info(path)
 
     def delete(self, path: str) -> None:
@@ -143,6 +182,7 @@ class ProjectStore:
                 raise Conflict(f"project {path!r} holds {held} sandboxes; stop them first")
             self.conn.execute("DELETE FROM projects WHERE path = ?", (path,))
             self.conn.execute("DELETE FROM usage WHERE path = ?", (path,))
+            self._bump()
 
     def usage(self, path: str) -> Usage:
         row = self.conn.execute("SELECT sandboxes, cpu, memory_mb FROM usage WHERE path = ?",
@@ -205,9 +245,19 @@ class ProjectStore:
         with write(self.conn):
             self.conn.execute("UPDATE tokens SET revoked_at = ? WHERE id = ? AND "
                               "revoked_at IS NULL", (time.time(), token_id))
+            self._bump()
 
     def principal(self, digest: bytes) -> Principal:
         """The caller a token's hash names; Unauthorized saying why if it names none."""
+        self._fresh()
+        hit = self._principals.get(digest)
+        if hit is not None and (hit[1] is None or time.time() < hit[1]):
+            return hit[0]
+        who, expires_at = self._principal_row(digest)
+        self._keep(self._principals, digest, (who, expires_at))
+        return who
+
+    def _principal_row(self, digest: bytes) -> tuple[Principal, float | None]:
         row = self.conn.execute(
             "SELECT t.id, p.path, t.role, t.expires_at, t.revoked_at FROM tokens t "
             "LEFT JOIN projects p ON p.id = t.project_id WHERE t.hash = ?",
@@ -221,7 +271,7 @@ class ProjectStore:
             raise Unauthorized(f"token {tid} expired; ask an admin of its project for a new one")
         if path is None:
             raise Unauthorized(f"token {tid} belongs to a project that was deleted")
-        return Principal(who=tid, project=path, role=role, token_hash=digest)
+        return Principal(who=tid, project=path, role=role, token_hash=digest), expires_at
 
     def chain(self, path: str) -> list[str]:
         return ancestors(path)
