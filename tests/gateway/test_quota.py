@@ -157,3 +157,13 @@ def test_deferred_confirmations_count_as_held_and_are_written_with_the_next_writ
     first.ledger.stopped("sb-n-1")  # its write carries the confirmation first
     assert first.store.usage("d").sandboxes == 1
     assert second.ledger.held_on("node-n") == 0
+
+
+async def test_a_held_create_says_the_wait_it_asked_for(tmp_path):
+    p = _projects(tmp_path)
+    p.store.create("h", Quota(sandboxes=0))
+
+    async def attempt(res):
+        raise AssertionError("never admitted")
+    with pytest.raises(QuotaExceeded, match=r"after waiting 0\.5s;"):
+        await p.admission.hold("h", Ask(1, 1.0, 64), 0.5, attempt, RuntimeError)

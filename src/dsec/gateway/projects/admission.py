@@ -109,6 +109,7 @@ class Admission:
 def _or_raise(res: Reservation, wait_s: float) -> Reservation:
     if res.problem is None:
         return res
-    waited = f" after waiting {wait_s:g}s" if wait_s > 0 else ""
+    # 3 digits: a wait the caller asked for (hold passes what is left of it, 0.999999)
+    waited = f" after waiting {wait_s:.3g}s" if wait_s > 0 else ""
     raise QuotaExceeded(f"{res.problem}{waited}; stop some, wait (wait_s=...) or ask an admin "
                         "for more", retry_after_s=res.retry_after_s)
