@@ -248,9 +248,20 @@ def test_a_waiting_create_is_served_when_room_comes_free(project):
     assert asyncio.run(go()) == "served\n"
 
 
-def test_roles_and_revocation_hold_for_the_e2b_api(project):
-    root, name, _, viewer = project
+def test_roles_and_revocation_hold_for_the_e2b_api(project, e2b_env):
+    root, name, user, viewer = project
     assert Sandbox.list(api_key=viewer).next_items() == []
+    sb = Sandbox.create(template="busybox", api_key=user)
+    try:  # a viewer reads it, but gets no envd access token (it would run commands)
+        assert Sandbox.get_info(sb.sandbox_id, api_key=viewer).sandbox_id == sb.sandbox_id
+        r = httpx.get(f"{e2b_env.url}/e2b/sandboxes/{sb.sandbox_id}",
+                      headers={"X-API-Key": viewer})
+        assert r.status_code == 200 and "envdAccessToken" not in r.json()
+        with pytest.raises(SandboxException) as denied:
+            Sandbox.kill(sb.sandbox_id, api_key=viewer)
+        assert denied.value.status_code == 403 and sb.is_running()
+    finally:
+        sb.kill()
     with pytest.raises(SandboxException) as exc:
         Sandbox.create(template="busybox", api_key=viewer)
     assert exc.value.status_code == 403 and "needs user" in str(exc.value)

@@ -27,6 +27,7 @@ from dsec.api.process import MAX_TIMEOUT_S
 from dsec.gateway.routes.common import client_for, gateway_of
 from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
+from dsec.gateway.projects.roles import allows
 from dsec.gateway.spread import list_all
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.callers import calling
@@ -163,8 +164,11 @@ def control_router(config: E2BConfig) -> APIRouter:
     async def get(request: Request, sb_id: str) -> JSONResponse:
         keys: Keys = request.app.state.e2b_keys
         info = await _info(request, sb_id)
-        return JSONResponse(detail(info, keys.access_token(sb_id)).model_dump(
-            exclude_none=True))
+        who = principal_of(request)
+        # envd's access token runs commands: a viewer (read-only) is not given it
+        token = keys.access_token(sb_id) if who is None or allows(who.role, who.project,
+                                                                   "user") else None
+        return JSONResponse(detail(info, token).model_dump(exclude_none=True))
 
     @router.delete("/sandboxes/{sb_id}", status_code=204)
     async def kill(request: Request, sb_id: str) -> Response:

@@ -79,9 +79,10 @@ class Listed(BaseModel):
 
 
 class Detail(Listed):
-    """``SandboxDetail``: ``Listed`` and the access token."""
+    """``SandboxDetail``: ``Listed`` and the access token (None, left out, for a caller
+    that may only read: the token runs commands)."""
 
-    envdAccessToken: str
+    envdAccessToken: str | None = None
     domain: str | None = None
 
 
@@ -107,5 +108,5 @@ def listed(info: SandboxInfo) -> Listed:
                   metadata=info.labels)
 
 
-def detail(info: SandboxInfo, access_token: str) -> Detail:
+def detail(info: SandboxInfo, access_token: str | None) -> Detail:
     return Detail(**listed(info).model_dump(), envdAccessToken=access_token)
