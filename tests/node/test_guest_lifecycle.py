@@ -33,6 +33,21 @@ def qemu_of(state_dir: Path, sb_id: str) -> list[int]:
     return pids
 
 
+def lingering(pid: int, server_pid: int) -> list[str]:
+    """What is left of QEMU ``pid`` (a zombie counts) and of any QEMU child of the server."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                comm, rest = (p / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            state, ppid = rest.split()[:2]
+            if int(p.name) == pid or ("qemu" in comm and int(ppid) == server_pid):
+                out.append(f"pid {p.name}{comm}) state {state} parent {ppid}")
+    return out
+
+
 @pytest.fixture(scope="module")
 def guest_server():
     d = Path(tempfile.mkdtemp(prefix="dsec-guests-"))
@@ -66,6 +81,22 @@ async def test_pause_saves_the_guest_and_ends_qemu_then_the_next_request_restore
         finally:
             await sb.stop()
         assert qemu_of(srv.state_dir, sb.id) == []
+
+
+async def test_stop_and_pause_to_disk_return_once_qemu_is_reaped(guest_server):
+    srv = guest_server
+    async with dsec.AsyncClient(srv.url, srv.token, timeout=300) as c:
+        sb = await c.create(backend="microvm", memory_mb=256)
+        try:
+            [pid] = qemu_of(srv.state_dir, sb.id)
+            await sb.pause()  # to disk: its QEMU ends
+            assert lingering(pid, srv.proc.pid) == []
+            await sb.exec("true")  # restored in a new QEMU
+            [pid] = qemu_of(srv.state_dir, sb.id)
+        finally:
+            await sb.stop()
+        # Before: a daemonized QEMU was init's child, a zombie for a second or two after.
+        assert lingering(pid, srv.proc.pid) == []
 
 
 async def test_clones_of_one_template_are_separate_guests(guest_server):

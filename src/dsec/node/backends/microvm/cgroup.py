@@ -66,8 +66,9 @@ def confine(pid: int, sb_id: str, cpu: float, memory_mb: int) -> None:
 def release(sb_id: str, timeout_s: float = 10.0) -> None:
     """Remove the sandbox's cgroup once its QEMU has exited.
 
-    A killed QEMU stays in the cgroup as a zombie until its parent (init, as QEMU
-    daemonized) reaps it, and a cgroup with a member cannot be removed: wait for that."""
+    A killed QEMU stays in the cgroup as a zombie until it is reaped (by the node, or by
+    init for a QEMU from before a node restart), and a cgroup with a member cannot be
+    removed: wait for that."""
     driver, rel = cgroups.detect(), cgroup_rel(sb_id)
     deadline = time.monotonic() + timeout_s
     while driver.exists(rel) and driver.procs(rel) and time.monotonic() < deadline:

@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dsec.api.errors import Capacity, Internal
 from dsec.node.backends.microvm import serialmux
+from dsec.node.backends.microvm.qmp import QMPError, qmp
 from dsec.node.host.netns import nsenter_argv
 
 __all__ = ["LaunchSpec", "agent_socket", "qemu_argv", "base_kernel_words", "host_tsc_khz", "launch",
@@ -144,7 +146,7 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
             "-qmp", f"unix:{spec.qmp_socket},server=on,wait=off",
             "-chardev", f"ringbuf,id={CONSOLE_CHARDEV},size={spec.console_bytes}",
             "-serial", f"chardev:{CONSOLE_CHARDEV}",
-            "-daemonize", "-pidfile", str(spec.pidfile),
+            "-pidfile", str(spec.pidfile),
             "-sandbox", "on,obsolete=deny,resourcecontrol=deny"]
     argv += ["-vga", "std", "-display", "none"] if spec.display else ["-display", "none"]
     if spec.kernel is not None:
@@ -184,24 +186,50 @@ def qemu_argv(spec: LaunchSpec) -> list[str]:
     return argv
 
 
-async def launch(spec: LaunchSpec) -> LaunchSpec:
-    """Start QEMU daemonized (inside the guest's network namespace when it has one)."""
+async def launch(spec: LaunchSpec, ready_s: float = 120.0) -> LaunchSpec:
+    """Start QEMU (inside the guest's network namespace when it has one) and return once
+    its control socket answers.
+
+    QEMU runs as this process's child, not daemonized: only a parent can reap a process,
+    and a daemonized QEMU's parent is the host's init, which may leave it a zombie for
+    seconds after a stop (holding its cgroup, visible to ``pgrep``). Its own session keeps
+    it out of the node's signals; it outlives the node like any orphan would."""
     spec.workdir.mkdir(parents=True, exist_ok=True)
     prefix = nsenter_argv(spec.netns) if spec.netns is not None else []
     pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
-    # A blocking run in a thread, not asyncio's subprocess: uvloop's process transport
-    # waits for every descendant of the child to exit, and QEMU's daemon never does.
-    proc = await asyncio.to_thread(
-        subprocess.run, prefix + qemu_argv(spec), stdin=subprocess.DEVNULL,
-        capture_output=True, start_new_session=True, pass_fds=pass_fds)
-    if proc.returncode == 0:
-        if spec.cgroup is not None:
-            await _confine(spec)
-        return spec
-    last = (proc.stderr or proc.stdout).decode(errors="replace").strip()
-    if "Cannot allocate memory" in last:
-        raise Capacity(f"QEMU could not allocate {spec.memory_mb} MiB: {last[-500:]}")
-    raise Internal(f"QEMU failed to start: {last[-1500:]}")
+    log_path = spec.workdir / "qemu.log"
+    with open(log_path, "wb") as log_file:
+        # Popen in a thread, not asyncio's subprocess: uvloop's process transport waits
+        # for every descendant of the child to exit.
+        proc = await asyncio.to_thread(
+            subprocess.Popen, prefix + qemu_argv(spec), stdin=subprocess.DEVNULL,
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=pass_fds, cwd="/")
+    _CHILDREN[_key(spec.workdir)] = proc
+    if not await _answers(spec, proc, ready_s):
+        await kill_qemu(spec.workdir)
+        last = log_path.read_bytes().decode(errors="replace").strip()
+        if "Cannot allocate memory" in last:
+            raise Capacity(f"QEMU could not allocate {spec.memory_mb} MiB: {last[-500:]}")
+        raise Internal(f"QEMU failed to start: {last[-1500:] or 'no answer on its socket'}")
+    if spec.cgroup is not None:
+        await _confine(spec)
+    return spec
+
+
+async def _answers(spec: LaunchSpec, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait until QEMU's QMP socket answers (what ``-daemonize`` waited for: init done,
+    main loop running); False when QEMU exited first or never answered."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        if spec.qmp_socket.exists():
+            try:
+                await qmp(spec.qmp_socket, "query-status", timeout=5.0)
+                return read_pid(spec.workdir) is not None
+            except QMPError:
+                pass
+        await asyncio.sleep(0.01)
+    return False
 
 
 async def _confine(spec: LaunchSpec) -> None:
@@ -250,7 +278,8 @@ def _pids_naming(path: Path) -> list[int]:
 
 
 async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
-    """End this guest's QEMU (SIGTERM, then SIGKILL after ``grace_s``) and wait for it.
+    """End this guest's QEMU (SIGTERM, then SIGKILL after ``grace_s``), and return once it
+    is reaped.
 
     The pid file is the fast path; a scan for the pid file's path on command lines finds a
     QEMU that died before writing it or whose file was lost."""
@@ -259,6 +288,14 @@ async def kill_qemu(workdir: Path, grace_s: float = 0.0) -> None:
     serialmux.drop(agent_socket(workdir))  # before a new QEMU can take the socket's name
     for pid in pids:
         await _kill(pid, grace_s)
+    proc = _CHILDREN.pop(_key(workdir), None)
+    if proc is not None:  # ours: reap it (also one that died on its own, a zombie)
+        if proc.poll() is None:
+            proc.kill()
+        await asyncio.to_thread(proc.wait)
+    for pid in pids:
+        if proc is None or pid != proc.pid:
+            await _gone(pid)
 
 
 async def _kill(pid: int, grace_s: float) -> None:
@@ -272,3 +309,27 @@ async def _kill(pid: int, grace_s: float) -> None:
                 return
             await asyncio.sleep(0.02)
     raise Internal(f"QEMU pid {pid} did not exit after SIGKILL")
+
+
+async def _gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait for a QEMU this process did not start (one from before a node restart) to be
+    reaped by its parent, the host's init."""
+    deadline = time.monotonic() + timeout_s
+    while _zombie(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _key(workdir: Path) -> str:
+    return os.path.abspath(workdir)
+
+
+# QEMU processes this process started, by work dir, until they are reaped.
+_CHILDREN: dict[str, subprocess.Popen] = {}
