@@ -41,9 +41,9 @@ async def sh(node, sb_id: str, cmd: str) -> str:
     return r.stdout.strip()
 
 
-async def holding(node) -> tuple[str, str]:
+async def holding(node, **spec) -> tuple[str, str]:
     """A sandbox holding compressible memory; returns (id, md5 of its file)."""
-    info = await node.create(SandboxSpec(memory_mb=256, disk_mb=128))
+    info = await node.create(SandboxSpec(memory_mb=256, disk_mb=128, **spec))
     md5 = await sh(node, info.id, FILE)
     await node.exec(info.id, ExecRequest(cmd=["sh", "-c", HOLD], background=True))
     await sh(node, info.id, "while [ ! -f /tmp/held ]; do sleep 0.1; done")
@@ -144,6 +144,51 @@ async def test_a_job_pause_freezes_all_and_reclaims_in_the_background(node):
         (i.memory_reclaimed_mb, i.memory_swapped_mb, i.reclaim) for i in infos]
     for sb_id, md5 in made:
         await intact(node, sb_id, md5, node.record(sb_id).runtime["init_pid"])
+
+
+@pytest.fixture
+async def idle_node(tmp_path):
+    """A node whose idle reclaim looks often (each sandbox says when it counts as idle)."""
+    cfg = NodeConfig(state_dir=tmp_path, backends=["container"],
+                     density=DensityConfig(swap=SwapConfig(zram_mb=1024), idle_reclaim_s=None,
+                                           idle_reclaim_interval_s=0.2, idle_reclaim_step_mb=8))
+    svc = await NodeService.open(cfg)
+    yield svc
+    await svc.close(stop_sandboxes=True)
+
+
+async def test_an_idle_sandbox_gives_memory_back_while_running_and_a_busy_one_keeps_it(
+        idle_node):
+    node = idle_node
+    idle_id, md5 = await holding(node, idle_reclaim_s=1)
+    busy_id, _ = await holding(node, idle_reclaim_s=1)
+    init = node.record(idle_id).runtime["init_pid"]
+    held = (await node.get(idle_id)).memory_used_mb
+
+    async def requests() -> None:  # each marks the sandbox active
+        while True:
+            await node.exec(busy_id, ExecRequest(cmd=["true"]))
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(requests())
+    try:
+        for _ in range(600):
+            info = await node.get(idle_id)
+            if (info.reclaim or "").startswith("idle reclaimed"):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"idle reclaim of {idle_id} did not end: {info}")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert info.state == "running", info  # never frozen
+    # Its 38 MiB of shell variable and 32 MiB tmpfs file are cold: most of that goes.
+    assert info.memory_reclaimed_mb >= 30 and info.memory_used_mb < held - 30, (held, info)
+    busy = await node.get(busy_id)
+    assert busy.reclaim is None and busy.memory_reclaimed_mb is None, busy
+    assert detect().memory_stat(f"/dsec/{busy_id}").swap == 0
+    await intact(node, idle_id, md5, init)
 
 
 async def test_stop_during_a_reclaim_leaves_nothing(node):

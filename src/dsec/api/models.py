@@ -119,6 +119,10 @@ class SandboxSpec(_Request):
     idle_ttl_s: float | None = Field(None, gt=0,
                                      description="stop (or pause) after this long with no request")
     on_idle: Literal["stop", "pause"] = Field("stop", description="what idle_ttl_s does")
+    idle_reclaim_s: float | None = Field(
+        None, ge=0, le=1e9, description="after this long with no request, its cold memory is "
+                                        "pushed to swap while it runs; None: the node's "
+                                        "default; 0: never")
     cpu_class: Literal["latency", "best_effort"] = Field(
         "latency", description="'latency': its cores when it wants them; 'best_effort': runs "
                                "SCHED_IDLE on what latency-class sandboxes leave idle")
@@ -249,12 +253,14 @@ class SandboxInfo(BaseModel):
                           "not by list")
     cpu_class: Literal["latency", "best_effort"] = "latency"
     memory_reclaimed_mb: float | None = Field(
-        None, description="memory its last reclaim (while paused) gave back to the host")
+        None, description="memory its last reclaim (while paused, or while idle) gave back "
+                          "to the host")
     memory_swapped_mb: float | None = Field(
         None, description="of its memory, what its last reclaim left in swap")
     reclaim: str | None = Field(
         None, description="state of its reclaim while paused: reclaiming, reclaimed, partial "
-                          "(with the reason), failed")
+                          "(with the reason), failed; while running and idle: idle "
+                          "reclaiming, idle reclaimed (with the reason it stopped)")
 
 
 class SandboxList(BaseModel):

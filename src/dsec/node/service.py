@@ -97,6 +97,7 @@ class NodeService:
         await node._recover()
         await node.network.recover(node.records.values())
         node._reaper = asyncio.create_task(node._reap_forever())
+        node.density.start_idle(node.records.values, node.backends)
         node.trajectory.start_pruning(config.trajectory, node.records.__contains__)
         if node.pool.targets:
             node._filler = asyncio.create_task(

@@ -60,6 +60,9 @@ class Reclaim:
     swapped_bytes: int  # of the sandbox's memory, what sits in swap now
     complete: bool      # False: stopped early (swap full, cancelled, no progress)
     note: str = ""      # why it stopped early, for the log and the sandbox's info
+    refaults: int = 0   # the cgroup's refault count after it (idle reclaim watches it)
+    pressure: float | None = None  # the cgroup's memory PSI some avg10, where it has one
+    cpu_ns: int = 0     # CPU time the sandbox used so far (idle reclaim: is it busy?)
 
     @property
     def freed_bytes(self) -> int:
@@ -121,6 +124,11 @@ class Backend:
     def restore(self, rec: SandboxRecord) -> None:
         """Undo :meth:`reclaim`: limits as the spec says, swapped memory read back."""
         raise self._unsupported("give memory back while paused", rec)
+
+    def reclaim_idle(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
+        """One step of pushing a running, idle sandbox's coldest memory out, without
+        freezing it (blocking). ``complete`` in the result: little was left to push."""
+        raise self._unsupported("give memory back while idle", rec)
 
     def memory_bytes(self, rec: SandboxRecord) -> int:
         """Host memory the sandbox is charged for now."""

@@ -25,7 +25,7 @@ from dsec.api.errors import Capacity, Internal, InvalidArgument
 from dsec.node.agent.client import AgentConnector, ping, unix_connector
 from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
-from dsec.node.density.reclaim import reclaim_cgroup, restore_cgroup
+from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts
 from dsec.node.host.charged import Charge
@@ -250,6 +250,10 @@ class ContainerBackend(Backend):
     def reclaim(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
         return reclaim_cgroup(self.cgroups, self.cgroup_path(rec.id), rec.spec.memory_mb << 20,
                               plan)
+
+    def reclaim_idle(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
+        return reclaim_running(self.cgroups, self.cgroup_path(rec.id),
+                               rec.spec.memory_mb << 20, plan)
 
     def restore(self, rec: SandboxRecord) -> None:
         rel = self.cgroup_path(rec.id)

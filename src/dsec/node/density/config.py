@@ -41,5 +41,15 @@ class DensityConfig(BaseModel):
     reclaim_step_mb: int = Field(
         64, ge=1, description="v1: how far each step lowers the limit; v2: bytes asked of "
                               "memory.reclaim per step (a resume waits for at most one step)")
+    idle_reclaim_s: float | None = Field(
+        300.0, ge=0, description="a running sandbox with no request for this long has its "
+                                 "cold pages pushed out, a step at a time, without being "
+                                 "frozen (a sandbox's own idle_reclaim_s overrides it); "
+                                 "None or 0: never")
+    idle_reclaim_interval_s: float = Field(
+        2.0, gt=0, description="how often idle sandboxes are looked at (one step each)")
+    idle_reclaim_step_mb: int = Field(
+        8, ge=1, description="pushed out of one idle sandbox per step (the most its next "
+                             "request can wait for the reclaim)")
     ksm: bool = Field(True, description="container sandboxes' memory is merged by KSM "
                                         "(PR_SET_MEMORY_MERGE on their init; kernel >= 6.4)")

@@ -2,7 +2,8 @@
 
 :class:`NodeDensity` is what :class:`~dsec.node.service.NodeService` holds. The node calls
 :meth:`~NodeDensity.paused` after a freeze, :meth:`~NodeDensity.resuming` before a thaw and
-:meth:`~NodeDensity.stopping` before a stop; everything else here is read-only.
+:meth:`~NodeDensity.stopping` before a stop, and :meth:`~NodeDensity.start_idle` once it has
+its records (idle reclaim runs in the background from then on); the rest is read-only.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from dsec.node.backends.base import Backend, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, ksm
 from dsec.node.density.config import DensityConfig
+from dsec.node.density.idle import IDLE_KEY, IdleReclaimer
 from dsec.node.density.pressure import HostFigures, HostSampler
 from dsec.node.density.reclaimer import KEY, Reclaimer
 from dsec.node.density.swap import SwapManager, SwapStatus
@@ -34,6 +36,9 @@ class NodeDensity:
         self.swap = swap or SwapManager(config.swap)
         self.sampler = sampler or HostSampler()
         self.reclaimer = Reclaimer(config.reclaim_parallel, persist)
+        self.idle = IdleReclaimer(config.idle_reclaim_s, config.idle_reclaim_interval_s,
+                                  config.idle_reclaim_step_mb << 20,
+                                  lambda rec, _step: self.plan(rec), persist)
         self.core = cpuclass.core_scheduling()
         self.ksm_ok = False
         self._swap_status = SwapStatus()
@@ -53,7 +58,14 @@ class NodeDensity:
                 log.info("ksm: containers are not merged (%s)", ksm.status().note or "off")
         log.info("cpu classes: %s", self.core.note)
 
+    def start_idle(self, records: Callable[[], Iterable[SandboxRecord]],
+                   backends: dict[str, Backend]) -> None:
+        """Reclaim from idle running sandboxes in the background (as root, with swap)."""
+        if os.geteuid() == 0 and self.swap.status().total:
+            self.idle.start(records, backends)
+
     async def close(self, sandboxes_left: bool) -> None:
+        await self.idle.close()
         await self.reclaimer.close()
         await asyncio.to_thread(self.swap.release, sandboxes_left)
 
@@ -85,7 +97,7 @@ class NodeDensity:
     @staticmethod
     def reclaim_info(rec: SandboxRecord) -> dict:
         """What SandboxInfo says about the sandbox's reclaim."""
-        r = rec.runtime.get(KEY)
+        r = rec.runtime.get(KEY) or rec.runtime.get(IDLE_KEY)
         if not r:
             return {}
         out: dict = {"reclaim": r.get("state")}

@@ -16,7 +16,7 @@ import time
 from dsec.node.backends.base import Reclaim, ReclaimPlan
 from dsec.node.host.cgroups import CgroupDriver
 
-__all__ = ["reclaim_cgroup", "restore_cgroup", "FLOOR"]
+__all__ = ["reclaim_cgroup", "reclaim_running", "restore_cgroup", "FLOOR"]
 
 FLOOR = 1 << 20    # below this a cgroup holds only kernel memory: not worth a step
 MIN_STEP = 1 << 20
@@ -79,6 +79,33 @@ def _steps_v1(driver: CgroupDriver, rel: str, memory_limit: int, plan: ReclaimPl
             time.sleep(0.01)  # pages just written to swap are freed once their I/O ends
     finally:
         driver.set_memory_limit(rel, memory_limit)
+
+
+def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
+                    plan: ReclaimPlan) -> Reclaim:
+    """One step of reclaim on a running (not frozen) cgroup: its coldest pages go first.
+
+    v2: ``memory.reclaim`` (proactive; never OOM-kills). v1: lower the limit by a step and
+    put it back at once, so the sandbox's own allocations meet the lowered limit only for
+    the length of one step. Swap is allowed up to ``plan.swap_bytes`` (and stays allowed:
+    what went out comes back on demand)."""
+    before = driver.memory_bytes(rel)
+    note = "" if driver.set_swap(rel, memory_limit, plan.swap_bytes) else \
+        "the kernel refused the swap allowance; page cache only"
+    ask = min(plan.step_bytes, before - FLOOR)
+    if ask > 0 and not plan.cancelled():
+        if driver.version == 2:
+            driver.reclaim(rel, ask)
+        else:
+            try:
+                driver.set_memory_limit(rel, before - ask)
+            finally:
+                driver.set_memory_limit(rel, memory_limit)
+    after, stat = driver.memory_bytes(rel), driver.memory_stat(rel)
+    return Reclaim(before_bytes=before, after_bytes=after, swapped_bytes=stat.swap,
+                   complete=ask <= 0 or before - after < ask // 8, note=note,
+                   refaults=stat.refaults, pressure=driver.memory_pressure(rel),
+                   cpu_ns=driver.cpu_usage_ns(rel))
 
 
 def _why_stuck(swapped: int, allowance: int) -> str:

@@ -131,6 +131,10 @@ class CgroupDriver:
         """The cgroup's PSI ``some avg10`` for memory (% of time stalled), None if absent."""
         raise NotImplementedError
 
+    def cpu_usage_ns(self, rel: str) -> int:
+        """CPU time the cgroup's tasks used so far (0 where unreadable)."""
+        raise NotImplementedError
+
     # ---- density: CPU ----
     def set_cpu_idle(self, rel: str, idle: bool) -> None:
         """Make the cgroup best-effort (``cpu.idle=1``: its tasks run SCHED_IDLE against
@@ -240,6 +244,9 @@ class CgroupV1(CgroupDriver):
     def memory_pressure(self, rel: str) -> float | None:
         return None  # v1 keeps no PSI per cgroup
 
+    def cpu_usage_ns(self, rel: str) -> int:
+        return _read_int(self._dir("cpuacct", rel) / "cpuacct.usage")
+
     def set_cpu_idle(self, rel: str, idle: bool) -> None:
         d = self._dir("cpu", rel)
         (d / "cpu.shares").write_text("2" if idle else "1024")  # 2: the kernel's minimum
@@ -326,6 +333,9 @@ class CgroupV2(CgroupDriver):
 
     def memory_pressure(self, rel: str) -> float | None:
         return _psi_some_avg10(self._dir(rel) / "memory.pressure")
+
+    def cpu_usage_ns(self, rel: str) -> int:
+        return _read_kv(self._dir(rel) / "cpu.stat").get("usage_usec", 0) * 1000
 
     def set_cpu_idle(self, rel: str, idle: bool) -> None:
         (self._dir(rel) / "cpu.idle").write_text("1" if idle else "0")
