@@ -18,9 +18,18 @@ from dsec.api.limits import RequestModel
 from dsec.api.models import ExecRequest, ExecResult
 
 __all__ = ["ProcessRequest", "ProcessInfo", "ProcessList", "ProcessWaitRequest",
-           "SignalRequest", "StdinRequest", "TimeoutRequest", "MAX_TIMEOUT_S"]
+           "SignalRequest", "StdinRequest", "TimeoutRequest", "PtySize", "MAX_TIMEOUT_S"]
 
 MAX_TIMEOUT_S = 30 * 86400.0  # a sandbox's life may be extended at most this far ahead
+
+
+class PtySize(RequestModel):
+    """A terminal's size (a PTY process at start, or resized)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"rows": 24, "cols": 80}]})
+
+    rows: int = Field(24, ge=1, le=1000, description="lines")
+    cols: int = Field(80, ge=1, le=1000, description="columns")
 
 
 class ProcessRequest(ExecRequest):
@@ -35,6 +44,9 @@ class ProcessRequest(ExecRequest):
     stdin_open: bool = Field(False, description="keep stdin open for later writes "
                                                 "(POST .../stdin) after ``stdin`` is sent")
     background: bool = Field(False, description="ignored: a process is always background")
+    pty: PtySize | None = Field(None, description="run it on a pseudo-terminal of this size: "
+                                                  "stdout and stderr come as one stdout "
+                                                  "stream, stdin stays open for input")
 
 
 class ProcessInfo(BaseModel):
@@ -44,6 +56,7 @@ class ProcessInfo(BaseModel):
     cmd: str | list[str]
     started_at: float
     running: bool
+    pty: bool = Field(False, description="it runs on a pseudo-terminal (started with pty)")
     result: ExecResult | None = Field(None, description="once it ended: exit code, timing "
                                                         "(its output is in stdout/stderr)")
     stdout: str = Field("", description="output kept so far (empty in a list)")

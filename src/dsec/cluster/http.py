@@ -24,7 +24,7 @@ from dsec.api.models import (CreateManyRequest, ExecEvent, ExecRequest, ExecResu
                              FileList, ImageSummary, InputRequest, NodeInfo, PackDiffRequest,
                              SandboxInfo, SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
-                              SignalRequest, StdinRequest, TimeoutRequest)
+                              PtySize, SignalRequest, StdinRequest, TimeoutRequest)
 from dsec.api.rl import (AuditList, HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
                          TrajectoryPage)
 from dsec.api.tracing import REQUEST_ID
@@ -292,6 +292,9 @@ class HttpNodeClient:
 
     async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None:
         await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/stdin", req)
+
+    async def process_resize(self, sb_id: str, pid: int, size: PtySize) -> None:
+        await self._post_model(f"/v1/sandboxes/{sb_id}/processes/{pid}/resize", size)
 
     async def shell_open(self, sb_id: str) -> ShellInfo:
         return ShellInfo.model_validate(await self._json("POST",

@@ -21,7 +21,7 @@ from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxSpec, ShellInfo, ShellRunRequest)
-from dsec.api.process import ProcessInfo, ProcessRequest, StdinRequest
+from dsec.api.process import ProcessInfo, ProcessRequest, PtySize, StdinRequest
 from dsec.api.scope import caller_scope
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.cluster.base import node_short_of
@@ -203,6 +203,10 @@ class LocalNodeClient:
     async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None:
         self.node.record(sb_id)
         await self.node.processes.stdin(sb_id, pid, req.data, req.close)
+
+    async def process_resize(self, sb_id: str, pid: int, size: PtySize) -> None:
+        self.node.record(sb_id)
+        await self.node.processes.resize(sb_id, pid, size.rows, size.cols)
 
     async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:
         return await self.node.shell_run(sb_id, sh_id, req)

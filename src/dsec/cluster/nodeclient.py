@@ -18,7 +18,7 @@ from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxSpec, ShellInfo, ShellRunRequest)
-from dsec.api.process import ProcessInfo, ProcessRequest, StdinRequest
+from dsec.api.process import ProcessInfo, ProcessRequest, PtySize, StdinRequest
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.placement.admission import NodeLoad
 
@@ -86,6 +86,7 @@ class NodeClient(Protocol):
     async def process_wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo: ...
     async def process_signal(self, sb_id: str, pid: int, signal: int) -> None: ...
     async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None: ...
+    async def process_resize(self, sb_id: str, pid: int, size: PtySize) -> None: ...
 
     # ---- files ----
     async def file_read(self, sb_id: str, path: str) -> FileStream: ...

@@ -92,6 +92,8 @@ def build_spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> Spawn
     cwd = req.cwd or rec.runtime.get("image_cwd") or "/"
     spawn = SpawnRequest(argv=argv, env=env, cwd=cwd, uid=uid, gid=gid, detach=req.background,
                          protect=[] if req.grading else list(rec.spec.protected_paths))
+    if (size := getattr(req, "pty", None)) is not None:  # a ProcessRequest on a terminal
+        spawn.pty, spawn.rows, spawn.cols = True, size.rows, size.cols
     check_spawn(spawn)
     return spawn
 

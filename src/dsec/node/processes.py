@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import Conflict, NotFound
 from dsec.api.models import ExecEvent, ExecResult
 from dsec.api.process import ProcessInfo, ProcessRequest
 from dsec.node.agent.client import AgentGone, AgentProcess
@@ -33,6 +33,8 @@ KEEP_ENDED = 64
 class _Process:
     cmd: str | list[str]
     started_at: float
+    pty: bool = False
+    stdin_open: bool = False
     proc: AgentProcess | None = None
     events: list[ExecEvent] = field(default_factory=list)
     result: ExecResult | None = None
@@ -58,7 +60,7 @@ class _Process:
             for ev in self.events:
                 out[ev.type] += ev.data
         r = self.result
-        return ProcessInfo(pid=self.pid, cmd=self.cmd, started_at=self.started_at,
+        return ProcessInfo(pid=self.pid, cmd=self.cmd, started_at=self.started_at, pty=self.pty,
                            running=r is None, result=r, stdout=out["stdout"],
                            stderr=out["stderr"],
                            stdout_truncated=bool(r and r.stdout_truncated),
@@ -85,7 +87,8 @@ class Processes:
     async def start(self, backend: Backend, rec: SandboxRecord,
                     req: ProcessRequest) -> ProcessInfo:
         """Start ``req`` and return once it runs (its pid known)."""
-        entry = _Process(cmd=req.cmd, started_at=time.time())
+        entry = _Process(cmd=req.cmd, started_at=time.time(), pty=req.pty is not None,
+                         stdin_open=req.stdin_open or req.pty is not None)
         started: asyncio.Future[AgentProcess] = asyncio.get_running_loop().create_future()
 
         def on_start(proc: AgentProcess) -> None:
@@ -95,7 +98,7 @@ class Processes:
         async def run() -> None:
             try:
                 async for ev in exec_events(backend, rec, req, stream=True, on_start=on_start,
-                                            keep_stdin=req.stdin_open):
+                                            keep_stdin=req.stdin_open or req.pty is not None):
                     entry.add(ev)
             except Exception as exc:  # the sandbox went away: the process ended with it
                 if not started.done():
@@ -146,6 +149,9 @@ class Processes:
 
     async def stdin(self, sb_id: str, pid: int, data_b64: str, close: bool) -> None:
         entry = self._get(sb_id, pid)
+        if data_b64 and not entry.stdin_open:
+            raise Conflict(f"process {pid} in sandbox {sb_id} was started without stdin_open "
+                           "(its stdin is closed): start it with stdin_open=True to write to it")
         if entry.result is not None or entry.proc is None:
             return  # it ended: what it would have read goes nowhere, as with a closed pipe
         try:
@@ -156,6 +162,20 @@ class Processes:
             await entry.proc.drain()
         except AgentGone:
             pass  # ending now; its follower reports how
+
+    async def resize(self, sb_id: str, pid: int, rows: int, cols: int) -> None:
+        """Resize the terminal of a process started with ``pty`` (SIGWINCH reaches it)."""
+        entry = self._get(sb_id, pid)
+        if not entry.pty:
+            raise Conflict(f"process {pid} in sandbox {sb_id} runs without a terminal: only a "
+                           "process started with pty can be resized")
+        if entry.result is not None or entry.proc is None:
+            return  # it ended: nothing is left to resize
+        try:
+            entry.proc.resize(rows, cols)
+            await entry.proc.drain()
+        except AgentGone:
+            pass
 
     def drop(self, sb_id: str) -> None:
         """The sandbox stopped: forget its processes (they ended with it)."""

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
-                              SignalRequest, StdinRequest, TimeoutRequest)
+                              PtySize, SignalRequest, StdinRequest, TimeoutRequest)
 from dsec.gateway.routes.common import check_grading, client_for
 
 __all__ = ["router"]
@@ -89,3 +89,9 @@ async def signal(request: Request, sb_id: str, pid: int, req: SignalRequest) -> 
 async def stdin(request: Request, sb_id: str, pid: int, req: StdinRequest) -> None:
     """Write to the stdin of a process started with ``stdin_open``; ``close`` ends it."""
     await client_for(request, sb_id).process_stdin(sb_id, pid, req)
+
+
+@router.post("/processes/{pid}/resize", status_code=204)
+async def resize(request: Request, sb_id: str, pid: int, req: PtySize) -> None:
+    """Resize the terminal of a process started with ``pty``."""
+    await client_for(request, sb_id).process_resize(sb_id, pid, req)

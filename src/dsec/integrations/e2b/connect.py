@@ -25,6 +25,7 @@ from dsec.api.errors import DSecError
 from dsec.api.models import describe
 
 __all__ = ["RpcError", "STATUS", "from_dsec", "parse_unary", "parse_stream_request",
+           "parse_client_stream",
            "unary_response", "error_response", "envelope", "end_stream", "stream_body",
            "timeout_s", "STREAM_TYPE"]
 
@@ -108,6 +109,33 @@ async def parse_stream_request(request: Request, cls: type[BaseModel]) -> BaseMo
         raise RpcError("invalid_argument", f"the envelope says {size} bytes but "
                                            f"{len(body) - 5} followed")
     return _model(cls, body[5:])
+
+
+async def parse_client_stream(request: Request, cls: type[BaseModel],
+                              max_message: int = 4 << 20) -> AsyncIterator[BaseModel]:
+    """The messages of a client stream, each as soon as its envelope is whole."""
+    _check_type(request, STREAM_TYPE)
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        while len(buf) >= 5:
+            flags, size = struct.unpack(">BI", buf[:5])
+            if size > max_message:
+                raise RpcError("resource_exhausted", f"a message of {size} bytes is over "
+                                                     f"the {max_message} accepted: send "
+                                                     "smaller chunks")
+            if len(buf) < 5 + size:
+                break
+            data, buf = bytes(buf[5:5 + size]), buf[5 + size:]
+            if flags & 0x01:
+                raise RpcError("invalid_argument", "compressed messages are not accepted: "
+                                                   "send them uncompressed")
+            if flags & END_STREAM:
+                return
+            yield _model(cls, data)
+    if buf:
+        raise RpcError("invalid_argument", f"the stream ended inside an envelope "
+                                           f"({len(buf)} bytes left over)")
 
 
 def unary_response(message: BaseModel | dict) -> Response:

@@ -25,11 +25,14 @@ from dsec.integrations.e2b import filesystem as fs
 from dsec.integrations.e2b import process
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.config import E2BConfig
-from dsec.integrations.e2b.connect import (STREAM_TYPE, RpcError, end_stream, error_response,
-                                           from_dsec, parse_stream_request, parse_unary,
-                                           stream_body, timeout_s, unary_response)
-from dsec.integrations.e2b.messages import (Empty, ListDirRequest, MoveRequest, PathRequest,
-                                            SendSignalRequest, StartRequest)
+from dsec.integrations.e2b.connect import (STREAM_TYPE, RpcError, end_stream, envelope,
+                                           error_response, from_dsec, parse_client_stream,
+                                           parse_stream_request, parse_unary, stream_body,
+                                           timeout_s, unary_response)
+from dsec.integrations.e2b.messages import (CloseStdinRequest, ConnectRequest, Empty,
+                                            ListDirRequest, MoveRequest, PathRequest,
+                                            SendInputRequest, SendSignalRequest, StartRequest,
+                                            StreamInputRequest, UpdateRequest)
 from dsec.integrations.e2b.process import Target, decode_user
 
 __all__ = ["envd_router", "envd_fallback_router", "signed_files_router", "SIGNED_FILES"]
@@ -38,17 +41,11 @@ PREFIX = "/e2b/envd"
 _V1 = re.compile(r"v1_[A-Za-z0-9+/]{43}")  # E2B's v1 signature: sha256, base64 unpadded
 SIGNED_FILES = "/files"
 _UNIMPLEMENTED = {
-    "process.Process/Update": "resizing a PTY (dsec's E2B API serves no PTY)",
-    "process.Process/StreamInput": "stdin streams",
-    "process.Process/SendInput": "stdin",
-    "process.Process/CloseStdin": "stdin",
     "filesystem.Filesystem/CreateWatcher": "watching directories",
     "filesystem.Filesystem/GetWatcherEvents": "watching directories",
     "filesystem.Filesystem/RemoveWatcher": "watching directories",
 }
 _UNIMPLEMENTED_STREAMS = {
-    "process.Process/Connect": "reconnecting to a command (its output goes to the stream "
-                               "that started it; keep the handle of run(background=True))",
     "filesystem.Filesystem/WatchDir": "watching directories",
 }
 
@@ -105,9 +102,36 @@ def envd_router(config: E2BConfig) -> APIRouter:
             return _stream_error(err)
         return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
 
+    @router.post("/process.Process/Connect")
+    async def connect(request: Request) -> Response:
+        try:
+            target = _target(request)
+            msg = await parse_stream_request(request, ConnectRequest)
+            events = process.connect_events(target, msg, timeout_s(request),
+                                            config.max_output_bytes, _keepalive(request))
+        except RpcError as err:
+            return _stream_error(err)
+        return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
+
+    @router.post("/process.Process/StreamInput")
+    async def stream_input(request: Request) -> Response:
+        target = None
+        try:
+            target = _target(request)
+            await process.stream_input(target, parse_client_stream(request,
+                                                                   StreamInputRequest))
+        except RpcError as err:
+            return _stream_error(err)
+        except DSecError as exc:
+            return _stream_error(from_dsec(exc, target.sb_id if target else None))
+        return Response(envelope({}) + end_stream(), media_type=STREAM_TYPE)
+
     unary = {
         "process.Process/List": (Empty, lambda t, m: process.list_processes(t)),
         "process.Process/SendSignal": (SendSignalRequest, process.send_signal),
+        "process.Process/SendInput": (SendInputRequest, process.send_input),
+        "process.Process/CloseStdin": (CloseStdinRequest, process.close_stdin),
+        "process.Process/Update": (UpdateRequest, process.update),
         "filesystem.Filesystem/Stat": (PathRequest, fs.stat),
         "filesystem.Filesystem/MakeDir": (PathRequest, fs.make_dir),
         "filesystem.Filesystem/Remove": (PathRequest, fs.remove),

@@ -20,7 +20,9 @@ from pydantic.alias_generators import to_camel
 
 __all__ = ["ProcessConfig", "StartRequest", "ProcessSelector", "ConnectRequest",
            "SendSignalRequest", "ProcessInfo", "ListResponse", "Empty", "PathRequest",
-           "ListDirRequest", "MoveRequest", "EntryInfo", "SIGNALS"]
+           "ListDirRequest", "MoveRequest", "EntryInfo", "SIGNALS", "PtySize", "PTY",
+           "ProcessInput", "SendInputRequest", "CloseStdinRequest", "UpdateRequest",
+           "StreamInputRequest", "WatchRequest", "WatcherRequest"]
 
 
 class _Message(BaseModel):
@@ -41,8 +43,13 @@ class ProcessConfig(_Message):
     cwd: str | None = None
 
 
+class PtySize(_Message):
+    rows: int = Field(24, ge=1, le=1000)
+    cols: int = Field(80, ge=1, le=1000)
+
+
 class PTY(_Message):
-    size: dict | None = None
+    size: PtySize = PtySize()
 
 
 class StartRequest(_Message):
@@ -59,6 +66,43 @@ class ProcessSelector(_Message):
 
 class ConnectRequest(_Message):
     process: ProcessSelector
+
+
+class ProcessInput(_Message):
+    """One of ``stdin`` or ``pty``: bytes, base64 in protobuf JSON."""
+
+    stdin: str | None = None
+    pty: str | None = None
+
+
+class SendInputRequest(_Message):
+    process: ProcessSelector
+    input: ProcessInput = ProcessInput()
+
+
+class CloseStdinRequest(_Message):
+    process: ProcessSelector
+
+
+class UpdateRequest(_Message):
+    process: ProcessSelector
+    pty: PTY | None = None
+
+
+class StreamInputStart(_Message):
+    process: ProcessSelector
+
+
+class StreamInputData(_Message):
+    input: ProcessInput = ProcessInput()
+
+
+class StreamInputRequest(_Message):
+    """One message of the StreamInput client stream: start first, then data (or keepalive)."""
+
+    start: StreamInputStart | None = None
+    data: StreamInputData | None = None
+    keepalive: dict | None = None
 
 
 SIGNALS = {"SIGNAL_SIGKILL": "KILL", "SIGNAL_SIGTERM": "TERM", 9: "KILL", 15: "TERM"}
@@ -95,6 +139,20 @@ class ListDirRequest(PathRequest):
 class MoveRequest(_Message):
     source: str = Field(min_length=1, max_length=4096)
     destination: str = Field(min_length=1, max_length=4096)
+
+
+class WatchRequest(PathRequest):
+    """WatchDirRequest and CreateWatcherRequest."""
+
+    recursive: bool = False
+    include_entry: bool = False
+    allow_network_mounts: bool = False
+
+
+class WatcherRequest(_Message):
+    """GetWatcherEventsRequest and RemoveWatcherRequest."""
+
+    watcher_id: str = Field(min_length=1, max_length=128)
 
 
 FileType = Literal["FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE", "FILE_TYPE_DIRECTORY",
