@@ -18,8 +18,10 @@ from dsec.api.models import ExecEvent, ExecResult, FileInfo
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.connect import RpcError, end_stream, envelope
 from dsec.integrations.e2b.filesystem import entry, resolve
-from dsec.integrations.e2b.messages import SendSignalRequest, StartRequest
-from dsec.integrations.e2b.process import MARK, _Relay
+from dsec.integrations.e2b.messages import (SendInputRequest, SendSignalRequest, StartRequest,
+                                            StreamInputRequest, UpdateRequest, WatchRequest)
+from dsec.integrations.e2b.process import _bytes_b64, _Relay
+from dsec.integrations.e2b.watch import diff
 
 
 def test_the_sdks_start_request_parses():
@@ -58,21 +60,27 @@ def _frames(data: bytes) -> list[tuple[int, dict]]:
 
 
 def _events(relay: _Relay, evs: list[ExecEvent]) -> list[dict]:
-    return [msg for ev in evs for chunk in relay.feed(ev) for _, msg in _frames(chunk)]
+    return [msg for ev in evs for _, msg in _frames(relay.feed(ev))]
 
 
-def test_relay_opens_with_the_pid_even_when_the_line_is_split():
+def test_relay_sends_output_then_the_end():
     relay = _Relay(max_output=1 << 20, timeout=None)
     got = _events(relay, [ExecEvent(type="stderr", data="early"),
-                          ExecEvent(type="stdout", data=MARK[:4]),
-                          ExecEvent(type="stdout", data=MARK[4:] + "77\nhello"),
+                          ExecEvent(type="stdout", data="hello"),
                           ExecEvent(type="exit", result=ExecResult(exit_code=2))])
     parsed = [process_pb.StartResponse.from_json(json.dumps(m)).event.event for m in got]
-    assert [o.field for o in parsed] == ["start", "data", "data", "end"]
-    assert parsed[0].value.pid == 77
-    assert parsed[1].value.output == Oneof("stderr", b"early")
-    assert parsed[2].value.output == Oneof("stdout", b"hello")
-    assert parsed[3].value.exit_code == 2
+    assert [o.field for o in parsed] == ["data", "data", "end"]
+    assert parsed[0].value.output == Oneof("stderr", b"early")
+    assert parsed[1].value.output == Oneof("stdout", b"hello")
+    assert parsed[2].value.exit_code == 2
+
+
+def test_a_terminals_output_is_pty_data():
+    relay = _Relay(max_output=1 << 20, timeout=None)
+    relay.pty = True
+    (msg,) = _events(relay, [ExecEvent(type="stdout", data="$ ")])
+    parsed = process_pb.StartResponse.from_json(json.dumps(msg)).event.event
+    assert parsed.value.output == Oneof("pty", b"$ ")
 
 
 @pytest.mark.parametrize("result, code", [
@@ -80,10 +88,53 @@ def test_relay_opens_with_the_pid_even_when_the_line_is_split():
     (ExecResult(exit_code=-9, timed_out=True), "deadline_exceeded")])
 def test_relay_ends_a_cut_or_late_command_with_an_error(result, code):
     relay = _Relay(max_output=10, timeout=1.0)
-    _events(relay, [ExecEvent(type="stdout", data=MARK + "5\n")])
     with pytest.raises(RpcError) as exc:
         relay.feed(ExecEvent(type="exit", result=result))
     assert exc.value.code == code
+
+
+def test_the_sdks_input_requests_parse():
+    sel = process_pb.ProcessSelector(selector=Oneof("pid", 7))
+    sent = process_pb.SendInputRequest(process=sel, input=process_pb.ProcessInput(
+        input=Oneof("pty", b"\x00\xffls\n")))
+    got = SendInputRequest.model_validate_json(sent.to_json())
+    assert got.process.pid == 7 and got.input.stdin is None
+    assert _bytes_b64(got.input.pty) == "AP9scwo="
+    resize = process_pb.UpdateRequest(process=sel, pty=process_pb.PTY(
+        size=process_pb.PTY.Size(rows=30, cols=100)))
+    size = UpdateRequest.model_validate_json(resize.to_json()).pty.size
+    assert (size.rows, size.cols) == (30, 100)
+
+
+def test_the_sdks_input_stream_messages_parse():
+    from e2b.sandbox.commands.stream_input import stream_input_data, stream_input_start
+    start = StreamInputRequest.model_validate_json(stream_input_start(9).to_json())
+    data = StreamInputRequest.model_validate_json(stream_input_data("stdin", "hi").to_json())
+    assert start.start.process.pid == 9 and start.data is None
+    assert _bytes_b64(data.data.input.stdin) == "aGk="
+
+
+def test_the_sdks_watch_request_parses():
+    sent = filesystem_pb.CreateWatcherRequest(path="/w", recursive=True)
+    got = WatchRequest.model_validate_json(sent.to_json())
+    assert (got.path, got.recursive) == ("/w", True)
+
+
+def test_diff_names_each_change_once():
+    old = {"a": ("file", 1, 0o644, 1.0), "b": ("file", 1, 0o644, 1.0),
+           "c": ("file", 1, 0o644, 1.0), "d": ("dir", 0, 0o755, 1.0)}
+    new = {"a": ("file", 2, 0o644, 2.0), "c": ("file", 1, 0o600, 1.0),
+           "d": ("dir", 0, 0o755, 5.0), "d/e": ("file", 0, 0o644, 5.0)}
+    assert [(e["name"], e["type"]) for e in diff(old, new)] == [
+        ("b", "EVENT_TYPE_REMOVE"), ("a", "EVENT_TYPE_WRITE"), ("c", "EVENT_TYPE_CHMOD"),
+        ("d/e", "EVENT_TYPE_CREATE")]
+    parsed = [filesystem_pb.FilesystemEvent.from_json(json.dumps(e)) for e in diff(old, new)]
+    assert [p.name for p in parsed] == ["b", "a", "c", "d/e"]
+
+
+def test_diff_of_the_same_listing_is_empty():
+    same = {"a": ("file", 1, 0o644, 1.0)}
+    assert diff(same, dict(same)) == []
 
 
 def test_envelopes_frame_messages_and_the_end():

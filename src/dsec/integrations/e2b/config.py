@@ -24,4 +24,7 @@ class E2BConfig(BaseModel):
                     "silently")
     default_timeout_s: int = Field(300, ge=1, description="sandbox life when create has none "
                                                           "(E2B's default)")
+    watch_interval_s: float = Field(0.2, gt=0, le=60,
+                                    description="how often a WatchDir stream (the async "
+                                                "SDK's watch_dir) looks at the directory")
     max_list_depth: int = Field(16, ge=1, description="deepest files.list(depth=) served")

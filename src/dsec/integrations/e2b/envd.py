@@ -22,7 +22,7 @@ from dsec.api.errors import DSecError
 from dsec.gateway.routes.common import client_for, gateway_of
 from dsec.gateway.spread import list_all
 from dsec.integrations.e2b import filesystem as fs
-from dsec.integrations.e2b import process
+from dsec.integrations.e2b import process, watch
 from dsec.integrations.e2b.auth import Keys
 from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.connect import (STREAM_TYPE, RpcError, end_stream, envelope,
@@ -32,7 +32,8 @@ from dsec.integrations.e2b.connect import (STREAM_TYPE, RpcError, end_stream, en
 from dsec.integrations.e2b.messages import (CloseStdinRequest, ConnectRequest, Empty,
                                             ListDirRequest, MoveRequest, PathRequest,
                                             SendInputRequest, SendSignalRequest, StartRequest,
-                                            StreamInputRequest, UpdateRequest)
+                                            StreamInputRequest, UpdateRequest, WatcherRequest,
+                                            WatchRequest)
 from dsec.integrations.e2b.process import Target, decode_user
 
 __all__ = ["envd_router", "envd_fallback_router", "signed_files_router", "SIGNED_FILES"]
@@ -40,14 +41,6 @@ __all__ = ["envd_router", "envd_fallback_router", "signed_files_router", "SIGNED
 PREFIX = "/e2b/envd"
 _V1 = re.compile(r"v1_[A-Za-z0-9+/]{43}")  # E2B's v1 signature: sha256, base64 unpadded
 SIGNED_FILES = "/files"
-_UNIMPLEMENTED = {
-    "filesystem.Filesystem/CreateWatcher": "watching directories",
-    "filesystem.Filesystem/GetWatcherEvents": "watching directories",
-    "filesystem.Filesystem/RemoveWatcher": "watching directories",
-}
-_UNIMPLEMENTED_STREAMS = {
-    "filesystem.Filesystem/WatchDir": "watching directories",
-}
 
 
 def _keys(request: Request) -> Keys:
@@ -113,6 +106,17 @@ def envd_router(config: E2BConfig) -> APIRouter:
             return _stream_error(err)
         return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
 
+    @router.post("/filesystem.Filesystem/WatchDir")
+    async def watch_dir(request: Request) -> Response:
+        try:
+            target = _target(request)
+            msg = await parse_stream_request(request, WatchRequest)
+            events = watch.watch_events(target, msg, config.watch_interval_s,
+                                        _keepalive(request), timeout_s(request))
+        except RpcError as err:
+            return _stream_error(err)
+        return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
+
     @router.post("/process.Process/StreamInput")
     async def stream_input(request: Request) -> Response:
         target = None
@@ -133,6 +137,9 @@ def envd_router(config: E2BConfig) -> APIRouter:
         "process.Process/CloseStdin": (CloseStdinRequest, process.close_stdin),
         "process.Process/Update": (UpdateRequest, process.update),
         "filesystem.Filesystem/Stat": (PathRequest, fs.stat),
+        "filesystem.Filesystem/CreateWatcher": (WatchRequest, watch.create_watcher),
+        "filesystem.Filesystem/GetWatcherEvents": (WatcherRequest, watch.watcher_events),
+        "filesystem.Filesystem/RemoveWatcher": (WatcherRequest, watch.remove_watcher),
         "filesystem.Filesystem/MakeDir": (PathRequest, fs.make_dir),
         "filesystem.Filesystem/Remove": (PathRequest, fs.remove),
         "filesystem.Filesystem/Move": (MoveRequest, fs.move),
@@ -141,10 +148,6 @@ def envd_router(config: E2BConfig) -> APIRouter:
     }
     for path, (cls, fn) in unary.items():
         router.post(f"/{path}")(_unary(cls, fn))
-    for path, what in _UNIMPLEMENTED.items():
-        router.post(f"/{path}")(_refuse(what, stream=False))
-    for path, what in _UNIMPLEMENTED_STREAMS.items():
-        router.post(f"/{path}")(_refuse(what, stream=True))
 
     router.get("/health")(_health)
     router.get("/files")(_download)
@@ -190,14 +193,6 @@ def signed_files_router() -> APIRouter:
 def _keepalive(request: Request) -> float | None:
     raw = request.headers.get("keepalive-ping-interval", "")
     return float(raw) if raw.isdigit() and 0 < int(raw) <= 3600 else None
-
-
-def _refuse(what: str, stream: bool):
-    err = RpcError("unimplemented", f"dsec's E2B API does not serve {what}")
-
-    async def route(request: Request) -> Response:
-        return _stream_error(err) if stream else error_response(err)
-    return route
 
 
 # ---- plain HTTP: health and file contents ----
