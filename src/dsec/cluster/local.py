@@ -175,37 +175,41 @@ class LocalNodeClient:
         return await self.node.shell_open(sb_id)
 
     # ---- background processes ----
+    async def _processes_of(self, sb_id: str) -> None:
+        self.node.record(sb_id)  # an unknown (or expired) sandbox says so
+        await self.node.processes.ready(sb_id)  # followed again after a node restart
+
     async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
         return await self.node.process_start(sb_id, req)
 
     async def process_list(self, sb_id: str) -> list[ProcessInfo]:
-        self.node.record(sb_id)  # an unknown (or expired) sandbox says so
+        await self._processes_of(sb_id)
         return self.node.processes.list(sb_id)
 
     async def process_get(self, sb_id: str, pid: int) -> ProcessInfo:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         return self.node.processes.get(sb_id, pid)
 
     async def process_events(self, sb_id: str, pid: int, since: int
                              ) -> AsyncIterator[ExecEvent]:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         async for ev in self.node.processes.events(sb_id, pid, since):
             yield ev
 
     async def process_wait(self, sb_id: str, pid: int, timeout: float | None) -> ProcessInfo:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         return await self.node.processes.wait(sb_id, pid, timeout)
 
     async def process_signal(self, sb_id: str, pid: int, signal: int) -> None:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         await self.node.processes.signal(sb_id, pid, signal)
 
     async def process_stdin(self, sb_id: str, pid: int, req: StdinRequest) -> None:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         await self.node.processes.stdin(sb_id, pid, req.data, req.close)
 
     async def process_resize(self, sb_id: str, pid: int, size: PtySize) -> None:
-        self.node.record(sb_id)
+        await self._processes_of(sb_id)
         await self.node.processes.resize(sb_id, pid, size.rows, size.cols)
 
     async def shell_run(self, sb_id: str, sh_id: str, req: ShellRunRequest) -> ExecResult:

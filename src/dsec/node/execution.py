@@ -115,25 +115,30 @@ def check_spawn(spawn: SpawnRequest) -> None:
 async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
                       stream: bool = True,
                       on_start: Callable[[AgentProcess], None] | None = None,
-                      keep_stdin: bool = False) -> AsyncIterator[ExecEvent]:
+                      keep_stdin: bool = False, keep: str | None = None,
+                      attach: int | None = None) -> AsyncIterator[ExecEvent]:
     """Yield output chunks as they come, then one ``exit`` event with the result.
 
     A stream's result carries at most :data:`STREAM_KEPT` bytes of each stream (its chunks
     went by already). With ``stream=False`` only the exit is yielded, and its result keeps
     the output up to ``max_output``. ``on_start`` gets the process once it runs (a
     background process's handle signals it); ``keep_stdin`` leaves its stdin open after
-    ``req.stdin`` for later writes."""
-    user = req.user or rec.runtime.get("image_user", "root")
-    if user.replace(":", "").isdigit() or user == "root":
-        spawn = build_spawn(backend, rec, req)  # no file to read: skip the thread hop
-    else:
-        spawn = await asyncio.to_thread(build_spawn, backend, rec, req)
+    ``req.stdin`` for later writes. With ``keep`` (the agent's note about it) the command
+    outlives the agent connection, so a node restart does not end it; ``attach`` follows
+    such a command again by pid instead of starting ``req`` (whose timeout and output cap
+    still apply)."""
     stdin = stdin_frames(req.stdin)
     oom_before = backend.oom_kills(rec)
     t0 = time.perf_counter()
     try:
-        proc = await AgentProcess.start(backend.connector(rec), spawn,
-                                        no_stdin=not (req.stdin or keep_stdin))
+        if attach is not None:
+            proc = await AgentProcess.attach(backend.connector(rec), attach)
+        else:
+            spawn = await _spawn(backend, rec, req)
+            if keep is not None:
+                spawn.keep, spawn.tag = True, keep
+            proc = await AgentProcess.start(backend.connector(rec), spawn,
+                                            no_stdin=not (req.stdin or keep_stdin))
     except AgentGone as exc:
         raise SandboxStopped(f"sandbox {rec.id} is not answering: {exc}") from exc
     if on_start is not None:
@@ -152,6 +157,13 @@ async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
         if feeder is not None:
             feeder.cancel()
         proc.close()
+
+
+async def _spawn(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> SpawnRequest:
+    user = req.user or rec.runtime.get("image_user", "root")
+    if user.replace(":", "").isdigit() or user == "root":
+        return build_spawn(backend, rec, req)  # no file to read: skip the thread hop
+    return await asyncio.to_thread(build_spawn, backend, rec, req)
 
 
 async def _feed_stdin(proc: AgentProcess, frames: Iterator[bytes], close: bool = True) -> None:

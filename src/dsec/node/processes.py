@@ -4,29 +4,63 @@ Each process runs :func:`~dsec.node.execution.exec_events` in a task of the node
 output is read as it comes (a flood cannot stall it) and kept, up to ``max_output`` per
 stream, as the list of chunks a follower replays from any position before it waits for
 the next. A handle in any client (``sb.process(pid)``) reads the same record. Records of
-ended processes are kept for :data:`KEEP_ENDED` per sandbox, then the oldest go. The
-record lives in the node agent's memory: a node restart ends the processes with their
-agent connections (the in-sandbox agent kills a command whose connection dropped).
+ended processes are kept for :data:`KEEP_ENDED` per sandbox, then the oldest go.
+
+The processes outlive the node agent: each is started as a *kept* command of the
+in-sandbox agent, which goes on running it when its connection drops (a node restart) and
+holds its output until a node follows it again. The record lives in the node's memory, so
+after a restart :meth:`Processes.recover` asks each sandbox's agent for the kept commands
+nobody follows and follows them again by pid, from a note the command was started with
+(:class:`_Note`); what it printed before the restart went with the old record, what it
+printed since comes first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from dsec.api.errors import Conflict, NotFound
 from dsec.api.models import ExecEvent, ExecResult
+from dsec.api.models import validated
 from dsec.api.process import ProcessInfo, ProcessRequest
-from dsec.node.agent.client import AgentGone, AgentProcess
+from dsec.node.agent.client import AgentGone, AgentProcess, kept_commands
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.execution import exec_events
 
 __all__ = ["Processes", "KEEP_ENDED"]
 
 KEEP_ENDED = 64
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Note:
+    """What a node needs to follow a kept process again: the agent holds it as its tag."""
+
+    cmd: str | list[str]
+    started_at: float
+    pty: bool
+    stdin_open: bool
+    max_output: int
+    deadline: float | None  # wall-clock time its timeout kills it, None for none
+
+    def encode(self) -> str:
+        cmd = self.cmd if len(json.dumps(self.cmd)) <= 2048 else str(self.cmd)[:2048]
+        body = json.dumps({**self.__dict__, "cmd": cmd}, separators=(",", ":"))
+        return base64.urlsafe_b64encode(body.encode()).decode("ascii")
+
+    @classmethod
+    def decode(cls, tag: str) -> _Note | None:
+        try:
+            return cls(**json.loads(base64.urlsafe_b64decode(tag)))
+        except (ValueError, TypeError):
+            return None  # not one of ours (or cut short): the process is left alone
 
 
 @dataclass
@@ -83,12 +117,53 @@ class Processes:
 
     def __init__(self) -> None:
         self._by_sandbox: dict[str, dict[int, _Process]] = {}
+        self._recovering: dict[str, asyncio.Task] = {}
 
     async def start(self, backend: Backend, rec: SandboxRecord,
                     req: ProcessRequest) -> ProcessInfo:
         """Start ``req`` and return once it runs (its pid known)."""
         entry = _Process(cmd=req.cmd, started_at=time.time(), pty=req.pty is not None,
                          stdin_open=req.stdin_open or req.pty is not None)
+        note = _Note(cmd=req.cmd, started_at=entry.started_at, pty=entry.pty,
+                     stdin_open=entry.stdin_open, max_output=req.max_output,
+                     deadline=entry.started_at + req.timeout if req.timeout else None)
+        return await self._follow(backend, rec, req, entry, keep=note.encode())
+
+    def recover(self, backend: Backend, rec: SandboxRecord) -> None:
+        """After a node restart: follow again, in the background, the processes the
+        sandbox's agent kept running. Calls about the sandbox wait for it (:meth:`ready`)."""
+        self._recovering[rec.id] = asyncio.create_task(self._recover(backend, rec))
+
+    async def ready(self, sb_id: str) -> None:
+        """Return once the sandbox's processes from before a restart are followed again."""
+        task = self._recovering.get(sb_id)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _recover(self, backend: Backend, rec: SandboxRecord) -> None:
+        try:
+            found = await kept_commands(backend.connector(rec))
+        except (AgentGone, OSError) as exc:
+            log.warning("sandbox %s: kept processes not recovered: %s", rec.id, exc)
+            return
+        for kept in found:
+            note = _Note.decode(kept.tag)
+            if note is None or kept.pid in self._by_sandbox.get(rec.id, {}):
+                continue
+            left = None if note.deadline is None else max(0.001, note.deadline - time.time())
+            req = validated(ProcessRequest, cmd=["attach"], max_output=note.max_output,
+                            timeout=left)
+            entry = _Process(cmd=note.cmd, started_at=note.started_at, pty=note.pty,
+                             stdin_open=note.stdin_open)
+            try:
+                await self._follow(backend, rec, req, entry, attach=kept.pid)
+            except Exception as exc:  # one process lost, not the others
+                log.warning("sandbox %s: process %d not followed again: %s", rec.id,
+                            kept.pid, exc)
+
+    async def _follow(self, backend: Backend, rec: SandboxRecord, req: ProcessRequest,
+                      entry: _Process, keep: str | None = None,
+                      attach: int | None = None) -> ProcessInfo:
         started: asyncio.Future[AgentProcess] = asyncio.get_running_loop().create_future()
 
         def on_start(proc: AgentProcess) -> None:
@@ -98,7 +173,8 @@ class Processes:
         async def run() -> None:
             try:
                 async for ev in exec_events(backend, rec, req, stream=True, on_start=on_start,
-                                            keep_stdin=req.stdin_open or req.pty is not None):
+                                            keep_stdin=entry.stdin_open, keep=keep,
+                                            attach=attach):
                     entry.add(ev)
             except Exception as exc:  # the sandbox went away: the process ended with it
                 if not started.done():
@@ -177,8 +253,22 @@ class Processes:
         except AgentGone:
             pass
 
+    def close(self) -> None:
+        """The node stops: its followers go, the processes run on in their sandboxes (the
+        next node follows them again with :meth:`recover`)."""
+        for task in self._recovering.values():
+            task.cancel()
+        for procs in self._by_sandbox.values():
+            for entry in procs.values():
+                if entry.task is not None:
+                    entry.task.cancel()
+        self._by_sandbox.clear()
+        self._recovering.clear()
+
     def drop(self, sb_id: str) -> None:
         """The sandbox stopped: forget its processes (they ended with it)."""
+        if (task := self._recovering.pop(sb_id, None)) is not None:
+            task.cancel()
         for entry in self._by_sandbox.pop(sb_id, {}).values():
             if entry.result is None:  # its followers and waiters hear how it ended
                 entry.add(ExecEvent(type="exit", result=ExecResult(

@@ -65,6 +65,7 @@ class NodeService:
         self._gauges_at = 0.0
         self.shells: dict[str, ShellSession] = {}
         self.processes = Processes()
+        self._follow_again: set[str] = set()  # recovered paused: processes not followed yet
         self.ended = EndedSandboxes()  # what expired lately answers "expired", not "not found"
         self._reaper: asyncio.Task | None = None
         self.pool = WarmPool(config.warm_pool)
@@ -115,6 +116,7 @@ class NodeService:
         for sh in list(self.shells.values()):
             sh.close()
         self.shells.clear()
+        self.processes.close()
         if stop_sandboxes:
             await asyncio.gather(*(self.stop(i) for i in list(self.records)),
                                  return_exceptions=True)
@@ -138,6 +140,10 @@ class NodeService:
                 and await backend.alive(rec)
             if ok:
                 self.records[rec.id] = rec
+                if rec.spec.backend != "fncall":  # its background processes ran on
+                    self._follow_again.add(rec.id)
+                    if rec.state == "running":
+                        self._follow_kept(rec)
                 continue
             if rec.state == "pooled" and backend is not None and await backend.alive(rec):
                 self.pool.add(rec)
@@ -147,6 +153,12 @@ class NodeService:
                 await backend.stop(rec)
             self.store.delete(rec.id)
         await self._sweep_orphans()
+
+    def _follow_kept(self, rec: SandboxRecord) -> None:
+        """Follow again the background processes a sandbox ran through a restart (a paused
+        one's agent answers once it is resumed)."""
+        self._follow_again.discard(rec.id)
+        self.processes.recover(self.backends[rec.spec.backend], rec)
 
     async def _sweep_orphans(self) -> None:
         """Directories of sandboxes no record knows (a crash mid-create) are removed."""
@@ -470,6 +482,8 @@ class NodeService:
             await backend.resume(rec)
             rec.state = "running"
             self.store.put(rec)
+            if rec.id in self._follow_again:
+                self._follow_kept(rec)
         return self.info(rec)
 
     async def _active(self, sb_id: str) -> tuple[Backend, SandboxRecord]:

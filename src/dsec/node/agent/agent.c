@@ -10,6 +10,9 @@
  * Wire protocol (one stream connection = one command), frames of
  *     u8 type | u32 chan (big endian, 0 here) | u32 len (big endian) | payload
  *   client -> agent:  'S' spawn (JSON, see parse_spawn), 'I' stdin bytes, 'E' stdin EOF,
+ *                     'T' attach "pid" (first frame of a connection: follow a kept command
+ *                     again), 'L' list kept commands (first frame; answered with 'L'
+ *                     "pid<TAB>exited<TAB>tag" lines, then closed),
  *                     'K' signal (1 byte) to the command's process group, 'Z' resize "rows cols",
  *                     'C' signal (1 byte) to every descendant of the command, not the command
  *                     itself (interrupts what a shell session runs without ending the shell),
@@ -18,7 +21,11 @@
  *                     'X' exit "code signal", 'F' failure message, 'A' pong
  * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
  * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
- * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..]}. A detached command gets
+ * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..], "keep":0|1, "tag":".."}.
+ * A kept command outlives its connection: when the node goes away (a restart) the command
+ * runs on, its output is held here (up to KEPT_BUF bytes; past that it is dropped and the
+ * next follower is told so), and a later connection takes it over with 'T' (see struct
+ * kept). Any other command's process group is killed when its connection drops. A detached command gets
  * /dev/null for stdio and outlives the connection: the agent answers 'P' and closes. "protect"
  * names hierarchies the command may not read or write, enforced with Landlock (protect.h);
  * the node sends it with every command of a sandbox that has protected paths, except the
@@ -184,7 +191,8 @@ struct spawn {
     char *env[MAX_ARGS + 1];
     char *protect[MAX_ARGS + 1]; /* hierarchies the command may not read or write */
     char *cwd;
-    long uid, gid, pty, rows, cols, detach, unconfined;
+    long uid, gid, pty, rows, cols, detach, unconfined, keep;
+    char *tag;                   /* kept commands: the node's note about it, opaque here */
     int ruleset, ruleset_err;    /* the Landlock ruleset built for protect, or -1 and why */
 };
 
@@ -194,6 +202,7 @@ static void free_spawn(struct spawn *sp) {
     for (int i = 0; sp->protect[i]; i++) free(sp->protect[i]);
     if (sp->ruleset >= 0) close(sp->ruleset);
     free(sp->cwd);
+    free(sp->tag);
     free(sp);
 }
 
@@ -281,6 +290,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
         else if (!strcmp(key, "env")) p = parse_str_array(p, sp->env);
         else if (!strcmp(key, "protect")) p = parse_str_array(p, sp->protect);
         else if (!strcmp(key, "cwd")) p = parse_string(p, &sp->cwd);
+        else if (!strcmp(key, "tag")) p = parse_string(p, &sp->tag);
         else {
             char *end;
             long v = strtol(p, &end, 10);
@@ -296,6 +306,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
             else if (!strcmp(key, "cols")) sp->cols = v;
             else if (!strcmp(key, "detach")) sp->detach = v;
             else if (!strcmp(key, "unconfined")) sp->unconfined = v;
+            else if (!strcmp(key, "keep")) sp->keep = v;
         }
         free(key);
         if (!p) return -1;
@@ -420,7 +431,186 @@ static void relay_close(int master, int in_fd, int out_fd, int err_fd, int pidfd
     if (pidfd >= 0) close(pidfd);
 }
 
-static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
+/* ---- kept commands: they outlive the connection that started them ----
+ * The relay thread of a kept command goes on when its connection drops: output is appended
+ * to buf as ready-made frames, stdin stays open. An attach ('T') hands its connection to
+ * that thread through wake (the thread polls it while it has none), which sends 'P', the
+ * held frames, then relays live. A command that ended with no connection leaves its slot
+ * (held output and exit frame) for the attach that comes for it, which serves it itself. */
+#define MAX_KEPT 256
+#define KEPT_BUF (2 << 20)
+
+struct kept {
+    pid_t pid;     /* 0: a free slot */
+    int wake[2];   /* an attach writes a byte to wake[1] once newconn is set */
+    int newconn;   /* the connection an attach hands over, -1 for none */
+    int attached;  /* a connection relays it (or is being handed to it) */
+    int ended;     /* the relay thread is gone: exitmsg is final, serve from the slot */
+    char *tag;
+    char *buf;     /* held frames: type | u32 chan | u32 len | payload */
+    size_t len;
+    size_t dropped;
+    char exitmsg[64];
+};
+
+static struct kept kept[MAX_KEPT];
+static void linger(int conn);
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct kept *kept_add(pid_t pid, char *tag) {
+    pthread_mutex_lock(&kept_lock);
+    struct kept *k = NULL;
+    for (int i = 0; i < MAX_KEPT && !k; i++)
+        if (!kept[i].pid) k = &kept[i];
+    if (k && pipe2(k->wake, O_CLOEXEC | O_NONBLOCK) == 0) {
+        k->pid = pid;
+        k->newconn = -1;
+        k->attached = 1;
+        k->ended = 0;
+        k->tag = tag;
+        k->buf = NULL;
+        k->len = k->dropped = 0;
+        k->exitmsg[0] = 0;
+    } else {
+        k = NULL; /* table full: the command runs, but is not kept past its connection */
+    }
+    pthread_mutex_unlock(&kept_lock);
+    return k;
+}
+
+static void kept_free(struct kept *k) { /* under kept_lock */
+    close(k->wake[0]);
+    close(k->wake[1]);
+    free(k->tag);
+    free(k->buf);
+    memset(k, 0, sizeof *k);
+}
+
+static void kept_hold(struct kept *k, char type, const char *data, uint32_t n) {
+    if (k->len + 9 + n > KEPT_BUF) {
+        k->dropped += n;
+        return;
+    }
+    char *b = realloc(k->buf, k->len + 9 + n);
+    if (!b) {
+        k->dropped += n;
+        return;
+    }
+    uint32_t zero = 0, bn = htonl(n);
+    b[k->len] = type;
+    memcpy(b + k->len + 1, &zero, 4);
+    memcpy(b + k->len + 5, &bn, 4);
+    memcpy(b + k->len + 9, data, n);
+    k->buf = b;
+    k->len += 9 + n;
+}
+
+/* 'P', the held frames (and a note of what was dropped) to a new follower. */
+static int kept_replay(int conn, pid_t pid, char *buf, size_t len, size_t dropped) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "%d", (int)pid);
+    if (send_text(conn, 'P', msg) < 0) return -1;
+    if (len && write_all(conn, buf, len) < 0) return -1;
+    if (dropped) {
+        snprintf(msg, sizeof msg, "\n[dsec: %zu bytes of output were dropped while no node "
+                 "followed the command]\n", dropped);
+        if (send_text(conn, 'R', msg) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Take the connection an attach handed over (under kept_lock): replay, relay from here. */
+static int kept_take(struct kept *k, pid_t pid) {
+    char b;
+    while (read(k->wake[0], &b, 1) > 0) {}
+    int conn = k->newconn;
+    k->newconn = -1;
+    char *buf = k->buf;
+    size_t len = k->len, dropped = k->dropped;
+    k->buf = NULL;
+    k->len = k->dropped = 0;
+    pthread_mutex_unlock(&kept_lock);
+    int rc = kept_replay(conn, pid, buf, len, dropped);
+    free(buf);
+    pthread_mutex_lock(&kept_lock);
+    if (rc < 0) {
+        close(conn);
+        k->attached = 0;
+        return -1;
+    }
+    return conn;
+}
+
+/* 'T': follow kept command pid on conn. Returns conn when the caller still owns it. */
+static int kept_attach(int conn, const char *payload) {
+    pid_t pid = (pid_t)atoi(payload);
+    pthread_mutex_lock(&kept_lock);
+    struct kept *k = NULL;
+    for (int i = 0; i < MAX_KEPT && !k; i++)
+        if (pid > 0 && kept[i].pid == pid) k = &kept[i];
+    if (!k || k->attached) {
+        pthread_mutex_unlock(&kept_lock);
+        send_text(conn, 'F', k ? "the command has a follower already" : "no kept command with that pid");
+        return conn;
+    }
+    if (k->ended) { /* it ended while nobody followed: serve it from the slot */
+        char *buf = k->buf, msg[64];
+        size_t len = k->len, dropped = k->dropped;
+        memcpy(msg, k->exitmsg, sizeof msg);
+        k->buf = NULL;
+        kept_free(k);
+        pthread_mutex_unlock(&kept_lock);
+        if (kept_replay(conn, pid, buf, len, dropped) == 0 && send_text(conn, 'X', msg) == 0)
+            linger(conn);
+        free(buf);
+        return conn;
+    }
+    k->attached = 1;
+    k->newconn = conn;
+    char one = 1;
+    write_all(k->wake[1], &one, 1);
+    pthread_mutex_unlock(&kept_lock);
+    return -1; /* the command's relay thread owns conn now */
+}
+
+/* 'L': the kept commands nobody follows, a line each. */
+static void kept_list(int conn) {
+    size_t cap = 4096, n = 0;
+    char *out = malloc(cap);
+    pthread_mutex_lock(&kept_lock);
+    for (int i = 0; i < MAX_KEPT && out; i++) {
+        struct kept *k = &kept[i];
+        if (!k->pid || k->attached) continue;
+        size_t need = 32 + (k->tag ? strlen(k->tag) : 0);
+        if (n + need > cap) {
+            char *t = realloc(out, cap = (n + need) * 2);
+            if (!t) break;
+            out = t;
+        }
+        n += (size_t)snprintf(out + n, cap - n, "%d\t%d\t%s\n", (int)k->pid, k->ended,
+                              k->tag ? k->tag : "");
+    }
+    pthread_mutex_unlock(&kept_lock);
+    if (out && n > MAX_FRAME) n = MAX_FRAME;
+    send_frame(conn, 'L', out ? out : "", out ? (uint32_t)n : 0);
+    free(out);
+}
+
+/* The connection dropped: 1 when the command goes with it; 0 for a kept one, which runs on
+ * (*conn is -1 then, or a follower that attached in the meantime). */
+static int conn_lost(int *conn, struct kept *k, pid_t pid) {
+    if (!k) return 1;
+    close(*conn);
+    *conn = -1;
+    pthread_mutex_lock(&kept_lock);
+    k->attached = 0;
+    if (k->newconn >= 0) *conn = kept_take(k, pid);
+    pthread_mutex_unlock(&kept_lock);
+    return 0;
+}
+
+static int relay(int *connp, pid_t pid, int in_fd, int out_fd, int err_fd, struct kept *k) {
+    int conn = *connp;
     int status = 0, exited = 0;
     int master = (in_fd >= 0 && in_fd == out_fd) ? in_fd : -1; /* a pty: one fd for both */
     char buf[65536];
@@ -433,11 +623,12 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     uint32_t pend_len = 0, pend_off = 0;
     if (in_fd >= 0) fcntl(in_fd, F_SETFL, fcntl(in_fd, F_GETFL) | O_NONBLOCK);
     while (!exited || out_fd >= 0 || err_fd >= 0) {
-        struct pollfd pf[5] = {{pend ? -1 : conn, POLLIN, 0}, {out_fd, POLLIN, 0},
+        struct pollfd pf[6] = {{pend ? -1 : conn, POLLIN, 0}, {out_fd, POLLIN, 0},
                                {err_fd, POLLIN, 0}, {exited ? -1 : pidfd, POLLIN, 0},
-                               {pend ? in_fd : -1, POLLOUT, 0}};
+                               {pend ? in_fd : -1, POLLOUT, 0},
+                               {k && conn < 0 ? k->wake[0] : -1, POLLIN, 0}};
         int timeout = exited ? 0 : (pidfd >= 0) ? 1000 : (out_fd < 0 && err_fd < 0) ? 1 : 200;
-        int n = poll(pf, 5, timeout);
+        int n = poll(pf, 6, timeout);
         if (n < 0 && errno != EINTR) break;
         if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = 1;
         if (n <= 0) {
@@ -448,8 +639,17 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
             int *fd = (i == 1) ? &out_fd : &err_fd;
             if (*fd >= 0 && (pf[i].revents & (POLLIN | POLLHUP | POLLERR))) {
                 ssize_t r = read(*fd, buf, sizeof buf);
+                char kind = i == 1 ? 'O' : 'R';
                 if (r > 0) {
-                    if (send_frame(conn, i == 1 ? 'O' : 'R', buf, (uint32_t)r) < 0) goto gone;
+                    if (conn >= 0 && send_frame(conn, kind, buf, (uint32_t)r) < 0) {
+                        if (conn_lost(&conn, k, pid)) goto gone;
+                        if (conn >= 0) send_frame(conn, kind, buf, (uint32_t)r);
+                    }
+                    if (conn < 0) { /* nobody follows: held for the next follower */
+                        pthread_mutex_lock(&kept_lock);
+                        kept_hold(k, kind, buf, (uint32_t)r);
+                        pthread_mutex_unlock(&kept_lock);
+                    }
                 } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
                     if (master < 0) close(*fd);
                     *fd = -1;
@@ -468,11 +668,20 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
                 pend = NULL;
             }
         }
-        if (pf[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (pf[5].revents & POLLIN) {
+            pthread_mutex_lock(&kept_lock);
+            conn = kept_take(k, pid);
+            pthread_mutex_unlock(&kept_lock);
+            continue;
+        }
+        if (conn >= 0 && (pf[0].revents & (POLLIN | POLLHUP | POLLERR))) {
             char *payload = NULL;
             uint32_t len;
             int type = recv_frame(conn, &payload, &len);
-            if (type < 0) goto gone;
+            if (type < 0) {
+                if (conn_lost(&conn, k, pid)) goto gone;
+                continue;
+            }
             if (type == 'I' && in_fd >= 0) {
                 ssize_t w = len ? write(in_fd, payload, len) : 0;
                 if (w < 0 && errno != EAGAIN && errno != EINTR) {
@@ -512,6 +721,21 @@ static int relay(int conn, pid_t pid, int in_fd, int out_fd, int err_fd) {
     char msg[64];
     if (WIFSIGNALED(status)) snprintf(msg, sizeof msg, "%d %d", 128 + WTERMSIG(status), WTERMSIG(status));
     else snprintf(msg, sizeof msg, "%d 0", WEXITSTATUS(status));
+    if (k) {
+        pthread_mutex_lock(&kept_lock);
+        if (conn < 0 && k->newconn >= 0) conn = kept_take(k, pid); /* attached at the end */
+        if (conn < 0) { /* nobody follows: the slot keeps the end for the next attach */
+            memcpy(k->exitmsg, msg, sizeof msg);
+            k->ended = 1;
+            k->attached = 0;
+            pthread_mutex_unlock(&kept_lock);
+            *connp = -1;
+            return -1;
+        }
+        kept_free(k);
+        pthread_mutex_unlock(&kept_lock);
+    }
+    *connp = conn;
     return send_text(conn, 'X', msg);
 gone:
     free(pend);
@@ -519,6 +743,7 @@ gone:
     /* The node went away: take the command's process group with us. */
     kill(-pid, SIGKILL);
     waitpid(pid, &status, 0);
+    *connp = conn;
     return -1;
 }
 
@@ -553,14 +778,20 @@ static void fail_errno(int conn) {
 }
 
 /* Runs one connection: one command, or a ping. The caller closes conn. */
-static void handle(int conn) {
+/* Serves one connection; returns the fd the caller closes (-1: someone else owns it). */
+static int handle(int conn) {
     char *payload = NULL;
     uint32_t len;
     int type = recv_frame(conn, &payload, &len);
     if (type == 'Q') {
         free(payload);
         send_text(conn, 'A', "pong");
-        return;
+        return conn;
+    }
+    if (type == 'T' || type == 'L') {
+        int keep = type == 'T' ? kept_attach(conn, payload) : (kept_list(conn), conn);
+        free(payload);
+        return keep;
     }
     struct spawn *sp = calloc(1, sizeof *sp); /* freed whole even when not parsed */
     if (sp) sp->ruleset = -1;
@@ -568,7 +799,7 @@ static void handle(int conn) {
         free(payload);
         if (sp) free_spawn(sp);
         send_text(conn, 'F', "bad spawn request");
-        return;
+        return conn;
     }
     free(payload);
     if (sp->protect[0] && (sp->ruleset = protect_ruleset(sp->protect)) < 0)
@@ -590,13 +821,13 @@ static void handle(int conn) {
         if (pid < 0) fail_errno(conn);
         else send_text(conn, 'P', msg);
         free_spawn(sp);
-        return;
+        return conn;
     }
     if (sp->pty) {
         if ((master = open_pty(sp, slave, sizeof slave)) < 0) {
             fail_errno(conn);
             free_spawn(sp);
-            return;
+            return conn;
         }
         pid = fork();
         if (pid == 0) {
@@ -613,7 +844,7 @@ static void handle(int conn) {
         if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC)) {
             fail_errno(conn);
             free_spawn(sp);
-            return;
+            return conn;
         }
         pid = fork();
         if (pid == 0) {
@@ -632,25 +863,27 @@ static void handle(int conn) {
         }
     }
     int is_pty = (int)sp->pty;
+    struct kept *k = NULL;
+    if (sp->keep && pid > 0 && (k = kept_add(pid, sp->tag))) sp->tag = NULL; /* k owns it */
     free_spawn(sp);
     if (pid < 0) {
         fail_errno(conn);
         if (master >= 0) close(master);
-        return;
+        return conn;
     }
     char msg[32];
     snprintf(msg, sizeof msg, "%d", (int)pid);
     send_text(conn, 'P', msg);
     /* One fd for a pty: polled once, else the second read of the same readiness blocks. */
-    int ok = is_pty ? relay(conn, pid, master, master, -1)
-                    : relay(conn, pid, in_p[1], out_p[0], err_p[0]);
+    int ok = is_pty ? relay(&conn, pid, master, master, -1, k)
+                    : relay(&conn, pid, in_p[1], out_p[0], err_p[0], k);
     if (ok == 0) linger(conn);
+    return conn;
 }
 
 static void *conn_thread(void *arg) {
-    int conn = (int)(intptr_t)arg;
-    handle(conn);
-    close(conn);
+    int conn = handle((int)(intptr_t)arg);
+    if (conn >= 0) close(conn);
     return NULL;
 }
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from dsec.api.errors import Conflict
 
 __all__ = ["AgentConnector", "AgentProcess", "AgentGone", "SpawnRequest", "unix_connector", "refusal",
-           "ping"]
+           "ping", "kept_commands", "KeptCommand"]
 
 HEADER = struct.Struct(">BII")
 MAX_FRAME = 1 << 20
@@ -42,6 +42,8 @@ class SpawnRequest:
     cols: int = 80
     detach: bool = False
     unconfined: bool = False  # guests only: the node's own housekeeping, never a user's exec
+    keep: bool = False  # outlive the connection (a node restart): follow it again by pid
+    tag: str = ""       # a kept command's note, handed back by kept_commands (ASCII)
     protect: list[str] = field(default_factory=list)  # hierarchies it may not read or write
 
     def encode(self) -> bytes:
@@ -57,6 +59,8 @@ class SpawnRequest:
             "detach": int(self.detach),
             "unconfined": int(self.unconfined),
         }
+        if self.keep:
+            body.update(keep=1, tag=self.tag)
         if self.protect:  # only when set: an agent that predates the key reads no other
             body["protect"] = self.protect
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to
@@ -139,6 +143,24 @@ class AgentProcess:
         proc.pid = int(payload)
         return proc
 
+    @classmethod
+    async def attach(cls, connector: AgentConnector, pid: int) -> AgentProcess:
+        """Follow again kept command ``pid`` (after a node restart): the output the agent
+        held while nobody followed comes first, then what comes."""
+        try:
+            reader, writer = await connector()
+        except OSError as exc:
+            raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
+        proc = cls(reader, writer)
+        writer.write(_frame(b"T", str(pid).encode()))
+        kind, payload = await proc._read_frame()
+        if kind != b"P":
+            proc.close()
+            raise AgentGone(f"agent refused to attach to {pid}: "
+                            f"{payload.decode(errors='replace')}")
+        proc.pid = int(payload)
+        return proc
+
     async def _read_frame(self) -> tuple[bytes, bytes]:
         try:
             hdr = await self._reader.readexactly(HEADER.size)
@@ -192,6 +214,37 @@ class AgentProcess:
     def close(self) -> None:
         if not self._writer.is_closing():
             self._writer.close()
+
+
+@dataclass
+class KeptCommand:
+    """A kept command no connection follows (its follower went with a node restart)."""
+
+    pid: int
+    ended: bool
+    tag: str
+
+
+async def kept_commands(connector: AgentConnector) -> list[KeptCommand]:
+    """The kept commands of a sandbox that nobody follows now."""
+    try:
+        reader, writer = await connector()
+    except OSError as exc:
+        raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
+    proc = AgentProcess(reader, writer)
+    try:
+        writer.write(_frame(b"L"))
+        kind, payload = await proc._read_frame()
+    finally:
+        proc.close()
+    if kind != b"L":
+        raise AgentGone(f"unexpected agent frame {kind!r} to a list of kept commands")
+    found = []
+    for line in payload.decode("ascii", errors="replace").splitlines():
+        pid, ended, tag = (line.split("\t", 2) + ["", ""])[:3]
+        if pid.isdigit():
+            found.append(KeptCommand(int(pid), ended == "1", tag))
+    return found
 
 
 async def ping(connector: AgentConnector, timeout: float = 2.0) -> bool:
