@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import Conflict, NotFound
 from dsec.api.models import SandboxSpec
-from dsec.api.process import ProcessRequest, StdinRequest
+from dsec.api.process import ProcessRequest, PtySize, StdinRequest
 from dsec.cluster.http import HttpNodeClient
 
 
@@ -40,5 +40,25 @@ async def test_processes_and_timeout_over_http(node):
         sleeper = await node.process_start(info.id, ProcessRequest(cmd="sleep 300"))
         await node.process_signal(info.id, sleeper.pid, 9)
         assert (await node.process_wait(info.id, sleeper.pid, 30)).result is not None
+    finally:
+        await node.stop(info.id)
+
+
+async def test_a_pty_process_resizes_over_http(node):
+    info = await node.create(SandboxSpec(memory_mb=64))
+    try:
+        p = await node.process_start(info.id, ProcessRequest(
+            cmd="read x; stty size", pty=PtySize(rows=24, cols=80)))
+        assert p.pty
+        await node.process_resize(info.id, p.pid, PtySize(rows=33, cols=77))
+        await node.process_stdin(info.id, p.pid, StdinRequest(data="Cg=="))  # "\n"
+        done = await node.process_wait(info.id, p.pid, None)
+        assert "33 77" in done.stdout
+        plain = await node.process_start(info.id, ProcessRequest(cmd="sleep 300"))
+        with pytest.raises(Conflict):
+            await node.process_resize(info.id, plain.pid, PtySize(rows=1, cols=1))
+        with pytest.raises(Conflict):
+            await node.process_stdin(info.id, plain.pid, StdinRequest(data="aGkK"))
+        await node.process_signal(info.id, plain.pid, 9)
     finally:
         await node.stop(info.id)
