@@ -82,8 +82,10 @@ def main(quick: bool) -> None:
              "Create + first run includes the kill/stop of each sandbox in both paths (it "
              "is sequential with the next create).",
              "The e2b command is a Connect server stream (`/bin/bash -l -c true` as the "
-             "SDK sends it, run by a `sh` prologue that reports the pid first; busybox has "
-             "no bash, so `sh -l -c true`); dsec's is one JSON request (`/bin/sh -c true`).",
+             "SDK sends it; busybox has no bash, so `sh -l -c true`), run as a node "
+             "background process (started, then followed by pid, so `commands.connect` and "
+             "`send_stdin` reach it and it outlives a node restart); dsec's is one JSON "
+             "request (`/bin/sh -c true`).",
              f"{rounds} interleaved rounds of {create_n} creates and {run_n} runs per path, "
              "after a warm-up.",
              "Cleanup after stop: " + ("nothing left" if not left else ", ".join(left))]
