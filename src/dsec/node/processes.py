@@ -4,7 +4,9 @@ Each process runs :func:`~dsec.node.execution.exec_events` in a task of the node
 output is read as it comes (a flood cannot stall it) and kept, up to ``max_output`` per
 stream, as the list of chunks a follower replays from any position before it waits for
 the next. A handle in any client (``sb.process(pid)``) reads the same record. Records of
-ended processes are kept for :data:`KEEP_ENDED` per sandbox, then the oldest go.
+ended processes are kept for :data:`KEEP_ENDED` per sandbox, and their output for
+:data:`KEEP_ENDED_BYTES`, then the oldest go (every E2B command is such a process: a loop
+of commands with large output must not pile it up in the node).
 
 The processes outlive the node agent: each is started as a *kept* command of the
 in-sandbox agent, which goes on running it when its connection drops (a node restart) and
@@ -33,9 +35,11 @@ from dsec.node.agent.client import AgentGone, AgentProcess, kept_commands
 from dsec.node.backends.base import Backend, SandboxRecord
 from dsec.node.execution import exec_events
 
-__all__ = ["Processes", "KEEP_ENDED"]
+__all__ = ["Processes", "KEEP_ENDED", "KEEP_ENDED_BYTES"]
 
 KEEP_ENDED = 64
+KEEP_ENDED_BYTES = 64 << 20  # output of ended processes kept per sandbox
+_RECOVER_S = 10.0  # how long a restarted node waits for a sandbox's agent to answer
 log = logging.getLogger(__name__)
 
 
@@ -69,6 +73,7 @@ class _Process:
     started_at: float
     pty: bool = False
     stdin_open: bool = False
+    size: int = 0  # characters of output kept
     proc: AgentProcess | None = None
     events: list[ExecEvent] = field(default_factory=list)
     result: ExecResult | None = None
@@ -85,6 +90,7 @@ class _Process:
                 if ev.result else ExecResult(exit_code=-1)
         else:
             self.events.append(ev)
+            self.size += len(ev.data)
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -141,9 +147,9 @@ class Processes:
             await asyncio.shield(task)
 
     async def _recover(self, backend: Backend, rec: SandboxRecord) -> None:
-        try:
-            found = await kept_commands(backend.connector(rec))
-        except (AgentGone, OSError) as exc:
+        try:  # bounded: calls about the sandbox wait for this
+            found = await asyncio.wait_for(kept_commands(backend.connector(rec)), _RECOVER_S)
+        except (AgentGone, OSError, asyncio.TimeoutError) as exc:
             log.warning("sandbox %s: kept processes not recovered: %s", rec.id, exc)
             return
         for kept in found:
@@ -156,7 +162,8 @@ class Processes:
             entry = _Process(cmd=note.cmd, started_at=note.started_at, pty=note.pty,
                              stdin_open=note.stdin_open)
             try:
-                await self._follow(backend, rec, req, entry, attach=kept.pid)
+                await asyncio.wait_for(self._follow(backend, rec, req, entry,
+                                                    attach=kept.pid), _RECOVER_S)
             except Exception as exc:  # one process lost, not the others
                 log.warning("sandbox %s: process %d not followed again: %s", rec.id,
                             kept.pid, exc)
@@ -190,9 +197,10 @@ class Processes:
         return entry.info(output=False)
 
     def _forget_old(self, procs: dict[int, _Process]) -> None:
-        ended = [pid for pid, p in procs.items() if p.result is not None]
-        for pid in ended[:max(0, len(ended) - KEEP_ENDED)]:
-            procs.pop(pid)
+        ended = [pid for pid, p in procs.items() if p.result is not None]  # oldest first
+        kept = sum(procs[pid].size for pid in ended)
+        while ended and (len(ended) > KEEP_ENDED or kept > KEEP_ENDED_BYTES):
+            kept -= procs.pop(ended.pop(0)).size
 
     def _get(self, sb_id: str, pid: int) -> _Process:
         entry = self._by_sandbox.get(sb_id, {}).get(pid)
