@@ -3,7 +3,9 @@
 util-linux ``mount`` quietly attaches a loop device when the source is a regular file; the
 kernel's EROFS file-backed mode needs none, so mount(2) is called directly with the blob
 path as source. Fewer moving parts, no loop device limit, and the blob's page cache is
-shared by every sandbox stacking the layer.
+shared by every sandbox stacking the layer. Kernels before 6.12 (Debian 12's 6.1, the
+cgroup-v2 test guest's) have no file-backed mode and answer ENOTBLK: there the blob goes
+through a loop device that util-linux attaches with autoclear, so unmounting frees it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def mkfs(out: pathlib.Path, src: pathlib.Path, *, all_root: bool = False,
 
 
 _directio = [True]  # cleared once a kernel refuses the option
+_file_backed = [True]  # cleared once a kernel answers ENOTBLK (no file-backed EROFS)
 
 
 def mount_file(blob: pathlib.Path, target: pathlib.Path) -> None:
@@ -61,6 +64,9 @@ def mount_file(blob: pathlib.Path, target: pathlib.Path) -> None:
     I/O, so a layer's data sits in the page cache once (EROFS's own) instead of twice
     (EROFS's and the blob file's): it halves the memory of the first sandbox.
     """
+    if not _file_backed[0]:
+        _mount_loop(blob, target)
+        return
     rc = -1
     if _directio[0]:
         rc = _libc.mount(os.fsencode(blob), os.fsencode(target), b"erofs", MS_RDONLY,
@@ -71,8 +77,22 @@ def mount_file(blob: pathlib.Path, target: pathlib.Path) -> None:
         rc = _libc.mount(os.fsencode(blob), os.fsencode(target), b"erofs", MS_RDONLY, b"")
     if rc != 0:
         err = ctypes.get_errno()
+        if err == errno.ENOTBLK:
+            _file_backed[0] = False
+            _mount_loop(blob, target)
+            return
         raise Internal(f"mount erofs {blob} on {target} failed: {os.strerror(err)} "
-                       f"(errno {err}); the kernel needs EROFS with file-backed mounts")
+                       f"(errno {err})")
+
+
+def _mount_loop(blob: pathlib.Path, target: pathlib.Path) -> None:
+    """The pre-6.12 way: a read-only loop device over the blob (detached on unmount)."""
+    res = subprocess.run(["mount", "-t", "erofs", "-o", "ro,loop", str(blob), str(target)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise Internal(f"mount erofs {blob} on {target} through a loop device failed: "
+                       f"{res.stderr.strip()[-300:]}; this kernel has no file-backed EROFS "
+                       f"mounts (6.12+), so it needs the loop module")
 
 
 def umount(target: pathlib.Path) -> None:
