@@ -52,6 +52,12 @@ async def test_create_takes_a_pooled_sandbox_with_its_own_limits(pooled_server):
                 lim = (ROOT / "memory" / "dsec" / sb.id / "memory.limit_in_bytes").read_text()
                 assert int(lim) == 96 << 20
                 assert (ROOT / "pids" / "dsec" / sb.id / "pids.max").read_text().strip() == "50"
+            else:  # v2: make test-cgroup2
+                d = ROOT / "dsec" / sb.id
+                assert int((d / "memory.max").read_text()) == 96 << 20
+                assert (d / "memory.swap.max").read_text().strip() == "0"
+                assert (d / "cpu.max").read_text().split() == ["50000", "100000"]
+                assert (d / "pids.max").read_text().strip() == "50"
             assert [i.id for i in await c.list(labels={"k": "v"})] == [sb.id]
             await _wait_pool(srv, 3, {sb.id})  # refilled
         finally:
