@@ -130,8 +130,8 @@ def build(cache: Path = CACHE, modules_root: Path = Path("/lib/modules"),
     kernel, initrd = dest / "vmlinux", dest / "initramfs.cpio"
     if initrd.exists():
         return (kernel if kernel.exists() else bz), initrd, kver
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache.mkdir(parents=True, exist_ok=True)
-                                or cache))
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     elf = extract_vmlinux(bz.read_bytes())
     if elf is not None:
         (tmp / "vmlinux").write_bytes(elf)
@@ -203,7 +203,8 @@ def run(pytest_args: list[str], memory_mb: int = 3072, vcpus: int = 2, accel: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: the options above, then pytest arguments (default: :data:`DEFAULT_TESTS`, ``-q``)."""
+    """Command line: the options below, then pytest's arguments (default: ``-q`` and
+    :data:`DEFAULT_TESTS`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memory-mb", type=int, default=3072)
     ap.add_argument("--vcpus", type=int, default=2)
