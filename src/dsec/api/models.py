@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 from typing import Literal
 
@@ -85,6 +86,13 @@ def describe(exc) -> str:
 
 
 _Request = RequestModel
+
+
+@functools.cache
+def _cores() -> float:
+    """This machine's cores, read once: ``os.cpu_count`` reads a sysfs file per call
+    (15 µs, twice per create through a gateway)."""
+    return float(os.cpu_count() or 1)
 
 _ENV_DOC = (f"at most {_L.env} entries and {_L.env_bytes} bytes (node limits.env, "
             f"limits.env_bytes); keys non-empty, without '='")
@@ -178,7 +186,7 @@ class SandboxSpec(_Request):
     @field_validator("cpu")
     @classmethod
     def _cpu_range(cls, v: float) -> float:
-        top = float(os.cpu_count() or 1)
+        top = _cores()
         if not 0.05 <= v <= top:
             raise ValueError(f"cpu must be between 0.05 and {top:g} (this node's cores); got {v:g}")
         return v

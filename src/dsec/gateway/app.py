@@ -19,7 +19,7 @@ from dsec import __version__
 from dsec.api.errors import NodeLost
 from dsec.api.limits import DEFAULT_LIMITS
 from dsec.cluster.base import Cluster
-from dsec.gateway import metrics
+from dsec.gateway import fastlane, metrics
 from dsec.gateway.auth import BearerAuth, ClusterAuth
 from dsec.gateway.guard import RequestGuard, install_error_handlers
 from dsec.gateway.logs import RequestIds
@@ -123,6 +123,7 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
     app.add_middleware(metrics.RequestMetrics)
     sandboxfusion.install(app)  # outermost: its URL token becomes the header auth reads
     install_openapi(app)
+    fastlane.install(app)  # after every router: the hot routes skip FastAPI's routing
     return app
 
 

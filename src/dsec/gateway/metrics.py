@@ -25,6 +25,7 @@ class RequestMetrics:
 
     def __init__(self, app) -> None:
         self.app = app
+        self._counters: dict[tuple[str, str, int], object] = {}  # labels() takes a lock
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,4 +42,7 @@ class RequestMetrics:
             await self.app(scope, receive, seen)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
+            key = (scope["method"], route, status)
+            if (counter := self._counters.get(key)) is None:
+                counter = self._counters[key] = REQUESTS.labels(key[0], route, str(status))
+            counter.inc()

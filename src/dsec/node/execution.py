@@ -190,8 +190,10 @@ async def _relay(proc: AgentProcess, req: ExecRequest, stream: bool, t0: float,
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
-            kind, data = await asyncio.wait_for(proc.next_event(), wait)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: wait_for wraps every event read in a task
+            async with asyncio.timeout(wait):
+                kind, data = await proc.next_event()
+        except TimeoutError:
             if timed_out:
                 raise SandboxStopped(f"command in {rec.id} did not die after SIGKILL") from None
             timed_out = True

@@ -14,6 +14,7 @@ from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest,
 from dsec.cluster.http import load_to_wire
 from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
+from dsec.gateway.fastlane import hot
 from dsec.gateway.routes.common import check_grading, client_for, gateway_of, model_response
 from dsec.gateway.spread import create_batch, healthy_clients, list_all
 from dsec.placement.admission import NodeLoad
@@ -24,6 +25,7 @@ router = APIRouter(prefix="/v1")
 
 
 @router.post("/sandboxes", response_model=SandboxInfo, status_code=201)
+@hot
 async def create(request: Request, spec: SandboxSpec) -> Response:
     """In the caller's project, within its quota (queued up to ``wait_s``), on the node
     placement picks; a node that refuses is skipped and the next choice tried."""
@@ -60,6 +62,7 @@ async def list_sandboxes(request: Request, job: str | None = None,
 
 
 @router.get("/sandboxes/{sb_id}", response_model=SandboxInfo)
+@hot
 async def get(request: Request, sb_id: str) -> Response:
     return model_response(await client_for(request, sb_id).get(sb_id))
 
@@ -80,6 +83,7 @@ async def resume(request: Request, sb_id: str) -> Response:
 
 
 @router.post("/sandboxes/{sb_id}/exec", response_model=ExecResult)
+@hot
 async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
     check_grading(request, req.grading)
     return model_response(await client_for(request, sb_id).exec(sb_id, req))
@@ -91,6 +95,7 @@ async def shell_open(request: Request, sb_id: str) -> ShellInfo:
 
 
 @router.post("/sandboxes/{sb_id}/shells/{sh_id}/run", response_model=ExecResult)
+@hot
 async def shell_run(request: Request, sb_id: str, sh_id: str,
                     req: ShellRunRequest) -> Response:
     return model_response(await client_for(request, sb_id).shell_run(sb_id, sh_id, req))
