@@ -20,15 +20,17 @@ __all__ = ["CgroupDriver", "CgroupV1", "CgroupV2", "MemoryStat", "detect", "ROOT
 ROOT = Path("/sys/fs/cgroup")
 
 
-def _read_kv(path: Path) -> dict[str, int]:
+def _read_kv(path: Path | str) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        for line in path.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if v.strip().lstrip("-").isdigit():
-                out[k] = int(v)
+        with open(path, "rb", buffering=0) as f:  # no text layer: read once per exec
+            data = f.read()
     except OSError:
-        pass
+        return out
+    for line in data.decode("ascii", "replace").splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
     return out
 
 
@@ -171,7 +173,9 @@ class CgroupV1(CgroupDriver):
         return self.root / controller / rel.lstrip("/")
 
     def oom_kills(self, rel: str) -> int:
-        return _read_kv(self._dir("memory", rel) / "memory.oom_control").get("oom_kill", 0)
+        # a string path: read before and after every exec, and Path joins cost more
+        return _read_kv(f"{self.root}/memory/{rel.lstrip('/')}/memory.oom_control"
+                        ).get("oom_kill", 0)
 
     def memory_bytes(self, rel: str) -> int:
         return _read_int(self._dir("memory", rel) / "memory.usage_in_bytes")
@@ -268,7 +272,7 @@ class CgroupV2(CgroupDriver):
         return self.root / rel.lstrip("/")
 
     def oom_kills(self, rel: str) -> int:
-        return _read_kv(self._dir(rel) / "memory.events").get("oom_kill", 0)
+        return _read_kv(f"{self.root}/{rel.lstrip('/')}/memory.events").get("oom_kill", 0)
 
     def memory_bytes(self, rel: str) -> int:
         return _read_int(self._dir(rel) / "memory.current")
