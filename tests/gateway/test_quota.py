@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -78,6 +79,18 @@ def test_reconcile_drops_what_ended_and_adopts_what_it_did_not_know(tmp_path):
                                                      "sb-a-3": ("x", 0.5, 32, old)}, 1e10)
     assert (dropped, adopted) == (1, 1)
     assert p.store.usage("").sandboxes == 2 and p.store.usage("x").memory_mb == 32
+
+
+def test_rows_held_on_a_node_before_a_time(tmp_path):
+    """What reconcile compares with a node's load: the rows confirmed before it was asked."""
+    p = _projects(tmp_path)
+    res = p.ledger.reserve("", {}, Ask(1, 0.1, 16))
+    p.ledger.confirm([(res.keys[0], "sb-a-1", "node-a")])
+    between = time.time()
+    time.sleep(0.01)
+    res = p.ledger.reserve("", {}, Ask(1, 0.1, 16))
+    p.ledger.confirm([(res.keys[0], "sb-a-2", "node-a")])
+    assert p.ledger.held_on("node-a", between) == 1 and p.ledger.held_on("node-a") == 2
 
 
 async def test_waiters_are_served_in_arrival_order(tmp_path):

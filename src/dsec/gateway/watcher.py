@@ -35,6 +35,7 @@ class NodeView:
     short: str
     load: NodeLoad | None = None
     seen_at: float | None = None  # monotonic time of the last good answer
+    load_at: float | None = None  # wall-clock time (time.time) the load in it was asked for
     failures: int = 0             # refreshes failed in a row
     error: str | None = None      # why the last one failed
     in_process: bool = False      # the node lives in this process: it cannot go away
@@ -192,7 +193,7 @@ class Watcher:
             client.abort()
 
     async def _probe(self, client: NodeClient) -> None:
-        started = self.clock()
+        started, asked_at = self.clock(), time.time()
         view = self.views.get(client.node_id) or NodeView(
             client.node_id, client.short, in_process=getattr(client, "in_process", False))
         answers = getattr(client, "answers", None)
@@ -218,7 +219,8 @@ class Watcher:
             return
         if view.failures:
             log.info("node %s answers again", client.node_id)
-        self._put(replace(view, load=load, seen_at=started, failures=0, error=None))
+        self._put(replace(view, load=load, seen_at=started, load_at=asked_at, failures=0,
+                          error=None))
         self.pending.seen(client.node_id, started)
 
     async def _loop(self) -> None:

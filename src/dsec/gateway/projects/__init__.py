@@ -108,7 +108,9 @@ class Projects:
             view = gw.watcher.view(client.node_id)
             if view is None or view.load is None or not gw.watcher.healthy(client.node_id):
                 continue
-            if view.load.sandboxes == self.ledger.held_on(client.node_id):
+            # only rows older than the load: creates since then are in the ledger and
+            # not yet in the load, and would have every node listed every round under load
+            if view.load.sandboxes == self.ledger.held_on(client.node_id, view.load_at):
                 continue
             listed_at = time.time()
             infos = await client.list()

@@ -183,10 +183,14 @@ class Ledger:
         with self._write():
             self._drop("sb_id = ?", [sb_id])
 
-    def held_on(self, node: str) -> int:
+    def held_on(self, node: str, before: float | None = None) -> int:
+        """Rows of sandboxes on ``node`` (confirmed before ``before``, a time.time())."""
         self.flush()
-        return self.conn.execute("SELECT count(*) FROM held WHERE node = ?",
-                                 (node,)).fetchone()[0]
+        if before is None:
+            return self.conn.execute("SELECT count(*) FROM held WHERE node = ?",
+                                     (node,)).fetchone()[0]
+        return self.conn.execute("SELECT count(*) FROM held WHERE node = ? AND at < ?",
+                                 (node, before)).fetchone()[0]
 
     def reconcile(self, node: str, present: dict[str, tuple[str, float, int, float]],
                   listed_at: float) -> tuple[int, int]:
