@@ -1,9 +1,9 @@
 """A short path through the framework for the hottest routes (exec, create, get).
 
-FastAPI 0.16x matches a request against every route of every included router twice
-(once to find the router, once inside it) and solves each route's dependencies through
-its general machinery: about 60 % of the framework's CPU per exec, measured in process
-(``benchmarks/bench_exec_load.py``). :class:`FastLane` sits where the router sits,
+FastAPI 0.16x matches a request against the routes of its included routers twice (once
+to find the router, once inside it) and solves each route's dependencies through its
+general machinery: under cProfile, in process over a simulated node, about 140 µs and
+110 µs of an exec's 330 µs. :class:`FastLane` sits where the router sits,
 inside every middleware and FastAPI's exception handling, and serves the routes marked
 with :func:`hot` itself: it matches their path regex, parses the JSON body into the
 route's model, and calls the endpoint. Anything it cannot do exactly as FastAPI would
