@@ -126,3 +126,90 @@ def test_unknown_from_image_is_an_error_naming_it(svc, tmp_path):
 
 def test_invalid_argument_root(tmp_path):
     assert issubclass(DockerfileError, InvalidArgument)
+
+
+# ---- heredocs and the escape directive (buildah 1.28 has neither heredocs nor their
+# ---- parsing: dsec lowers them, see dsec.images.heredoc)
+def test_heredoc_bodies_belong_to_their_instruction():
+    got = parse_dockerfile("FROM busybox\nRUN <<EOF\necho a\nFROB x\nEOF\nENV A=1\n")
+    assert [(i.keyword, i.line, i.end) for i in got] == [("FROM", 1, 1), ("RUN", 2, 5),
+                                                          ("ENV", 6, 6)]
+    assert got[1].heredocs == ("echo a\nFROB x",)
+
+
+def test_unclosed_heredoc_names_the_line():
+    with pytest.raises(DockerfileError, match=r"line 2: heredoc <<EOF is never closed"):
+        parse_dockerfile("FROM busybox\nRUN <<EOF\necho a\n")
+
+
+def test_escape_directive_changes_the_continuation_character():
+    got = parse_dockerfile("# escape=`\nFROM busybox\nRUN echo a `\n  && echo b\n"
+                           "ENV P=C:\\\nENV Q=1\n")
+    assert [i.keyword for i in got] == ["FROM", "RUN", "ENV", "ENV"]
+    assert "echo a" in got[1].args and "echo b" in got[1].args
+    with pytest.raises(DockerfileError, match="backslash or a backtick"):
+        parse_dockerfile("# escape=x\nFROM busybox\n")
+
+
+def test_copy_heredoc_is_no_context_path(tmp_path):
+    check_context(parse_dockerfile("FROM busybox\nCOPY <<EOF /etc/x\nhi\nEOF\n"), tmp_path)
+
+
+def test_copy_heredoc_mixed_with_files_is_refused(svc, busybox, tmp_path):
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "Dockerfile").write_text("FROM busybox\nCOPY a <<EOF /d/\nhi\nEOF\n")
+    with pytest.raises(DockerfileError, match="line 2: COPY mixes heredocs with files"):
+        svc.build_dockerfile(tmp_path / "Dockerfile", "team/hd:v1")
+    assert not list(svc.store.tmp.iterdir())
+
+
+HEREDOCS = """\
+FROM busybox
+ARG WHO=world
+RUN <<EOF
+echo "one $WHO" > /one.txt
+echo two >> /one.txt
+EOF
+RUN cat <<'A' > /two.txt && wc -l < /two.txt > /count.txt
+x $NOT_EXPANDED
+y
+A
+COPY --chmod=0600 <<EOF /etc/app.conf
+mode=test
+EOF
+COPY <<C1 <<C2 /etc/dir/
+c one
+C1
+c two
+C2
+"""
+
+
+def test_heredocs_run_and_copy(svc, busybox, tmp_path):
+    (tmp_path / "Dockerfile").write_text(HEREDOCS)
+    svc.build_dockerfile(tmp_path / "Dockerfile", "team/hd:v1")
+    with overlay(tmp_path, svc.resolve("team/hd:v1").lowerdirs, writable=False) as (r, _):
+        assert (r / "one.txt").read_text() == "one world\ntwo\n"
+        assert (r / "two.txt").read_text() == "x $NOT_EXPANDED\ny\n"
+        assert (r / "count.txt").read_text().strip() == "2"
+        assert (r / "etc/app.conf").read_text() == "mode=test\n"
+        assert (r / "etc/app.conf").stat().st_mode & 0o777 == 0o600
+        assert (r / "etc/dir/C1").read_text() == "c one\n"
+        assert (r / "etc/dir/C2").read_text() == "c two\n"
+    assert not list(svc.store.tmp.iterdir())
+
+
+ESCAPED = """\
+# escape=`
+FROM busybox
+ENV WINPATH=C:\\dir
+RUN echo "$WINPATH" > /p.txt `
+    && echo joined >> /p.txt
+"""
+
+
+def test_escape_directive_is_honoured_by_the_build(svc, busybox, tmp_path):
+    (tmp_path / "Dockerfile").write_text(ESCAPED)
+    svc.build_dockerfile(tmp_path / "Dockerfile", "team/esc:v1")
+    with overlay(tmp_path, svc.resolve("team/esc:v1").lowerdirs, writable=False) as (r, _):
+        assert (r / "p.txt").read_text() == "C:\\dir\njoined\n"

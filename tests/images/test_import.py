@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -30,9 +31,11 @@ def _sha(b: bytes) -> str:
     return "sha256:" + hashlib.sha256(b).hexdigest()
 
 
-def _oci_files(layers=(L1, L2), ref="v1"):
+def _oci_files(layers=(L1, L2), ref="v1", diff_ids=None):
     blobs = {}
-    cfg = json.dumps(CONFIG).encode()
+    diff_ids = diff_ids or [_sha(gzip.decompress(x) if x[:2] == b"\x1f\x8b" else x)
+                            for x in layers]
+    cfg = json.dumps(dict(CONFIG, rootfs={"type": "layers", "diff_ids": diff_ids})).encode()
     blobs[_sha(cfg)] = cfg
     descs = []
     for layer in layers:
@@ -160,3 +163,39 @@ def test_rootfs_directory_and_tar_as_layers(svc, busybox, tmp_path):
     assert len(r.lowerdirs) == 2 and (r.lowerdirs[0] / "opt/tool").read_text() == "dir"
     assert r.config.env["PATH"]  # busybox's config carried over
     assert a.manifest_digest == r.manifest_digest
+
+
+def _assert_nothing_imported(svc):
+    assert svc.list_images() == [] and not list(svc.store.tmp.iterdir())
+
+
+def test_oci_layout_whose_diff_id_does_not_match_is_refused(svc, tmp_path):
+    # A hostile archive: the blob digests are right, the config claims other content.
+    files = _oci_files(diff_ids=[_sha(gzip.decompress(L1)), _sha(b"something else")])
+    blob = f"blobs/sha256/{_sha(L2).split(':')[1]}"
+    with pytest.raises(InvalidArgument, match=rf"layer {blob} does not match the image "
+                                              rf"config: .*diff_id is {_sha(b'something else')}"):
+        svc.import_image(_write_dir(tmp_path / "layout", files), "imp/x:1")
+    _assert_nothing_imported(svc)
+
+
+def test_docker_save_blob_whose_diff_id_does_not_match_is_refused(svc, tmp_path):
+    # Docker 25+ names each layer by its blob digest; the config's diff_id is a separate
+    # claim about the uncompressed tar, and here it is a lie.
+    raw = make_tar([d("bin"), entry("bin/tool", b"v1", mode=0o755)])
+    blob = gzip.compress(raw)
+    name = f"blobs/sha256/{_sha(blob).split(':')[1]}"
+    cfg = dict(CONFIG, rootfs={"type": "layers", "diff_ids": [_sha(raw + b"x")]})
+    files = {"cfg.json": json.dumps(cfg).encode(), name: blob,
+             "manifest.json": json.dumps([{"Config": "cfg.json", "RepoTags": ["tools/t:1"],
+                                           "Layers": [name]}]).encode()}
+    with pytest.raises(InvalidArgument, match=rf"layer {name} does not match the image config"):
+        svc.import_image(_write_tar(tmp_path / "saved.tar", files))
+    _assert_nothing_imported(svc)
+
+
+def test_config_without_a_diff_id_per_layer_is_refused(svc, tmp_path):
+    files = _oci_files(diff_ids=[_sha(gzip.decompress(L1))])
+    with pytest.raises(InvalidArgument, match="lists 1 diff_ids for 2 layers"):
+        svc.import_image(_write_dir(tmp_path / "layout", files), "imp/x:1")
+    _assert_nothing_imported(svc)

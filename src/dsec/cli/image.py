@@ -104,12 +104,16 @@ def build(
         metavar="KEY=VALUE", help="Dockerfile ARG value (repeatable)")] = None,
     insecure: Annotated[bool, typer.Option(
         help="FROM images in a registry over plain HTTP (loopback/private only)")] = False,
+    network: Annotated[list[str] | None, typer.Option(
+        metavar="PERMISSION", help="let Dockerfile RUN steps use this named egress "
+                                   "permission of the node's network.json (repeatable)")] = None,
     state_dir: StateDir = DEFAULT_STATE_DIR,
     as_json: JsonOpt = False,
 ) -> None:
-    """Build an image from a Dockerfile (with buildah, no network) or a dsec spec file.
+    """Build an image from a Dockerfile (with buildah) or a dsec spec file.
 
-    A Dockerfile's FROM names a dsec image or a registry image (pulled by dsec first).
+    A Dockerfile's FROM names a dsec image or a registry image (pulled by dsec first). RUN
+    steps have loopback only, unless --network grants permissions as create(network=) does.
 
     Runs on the node machine, as root, against its local layer store."""
     if is_dockerfile(spec):
@@ -120,9 +124,12 @@ def build(
         svc = _service(state_dir)
         with err.status(f"building {spec} with buildah"):
             info = svc.build_dockerfile(spec, tag, context, parse_pairs(build_arg, "--build-arg"),
-                                        RegistryAuth(insecure=insecure))
+                                        RegistryAuth(insecure=insecure),
+                                        network={n: True for n in network or ()})
         _print_image(info)
         return
+    if network:
+        fail(f"--network applies to Dockerfiles; a dsec spec like {spec} sets network = true")
     from dsec.images.build import load_spec
 
     loaded = load_spec(spec)

@@ -6,10 +6,10 @@ import pathlib
 import shutil
 from typing import IO, TYPE_CHECKING
 
-from dsec.api.errors import InvalidArgument
+from dsec.api.errors import DSecError, InvalidArgument
 from dsec.images.layermap import LayerMap
 from dsec.images.models import ImageConfig, ImageInfo, LayerInfo, LayerRef
-from dsec.images.oci import HashingReader, open_image_source
+from dsec.images.oci import HashingReader, open_image_source, uncompressed
 from dsec.images.refs import layer_id, normalize_ref
 from dsec.images.tarsafe import TarLimits, extract_layer
 
@@ -20,21 +20,35 @@ __all__ = ["layer_from_tar", "import_rootfs", "import_image"]
 
 
 def layer_from_tar(svc: ImageService, fileobj: IO[bytes], limits: TarLimits,
-                   want: str | None = None, name: str = "layer") -> LayerRef:
+                   want: str | None = None, name: str = "layer",
+                   diff_id: str | None = None) -> LayerRef:
     """Extract a layer tar safely, convert its whiteouts, build and store an EROFS layer.
 
-    ``want``: the digest the tar's bytes must hash to (checked before anything is stored).
+    ``want``: the digest the tar's bytes must hash to; ``diff_id``: the digest its
+    uncompressed tar must hash to (the image config's). Both are checked before anything
+    is stored.
     """
     work = svc.store.tempdir("import-")
     try:
         rootfs = work / "rootfs"
         rootfs.mkdir()
         reader = HashingReader(fileobj)
-        extract_layer(reader, rootfs, limits)
+        if diff_id is None:
+            extract_layer(reader, rootfs, limits)
+        else:
+            with uncompressed(reader) as tar:
+                plain = HashingReader(tar)
+                extract_layer(plain, rootfs, limits)
+                got_plain = plain.finish()
         got = reader.finish()
         if want is not None and got != want:
             raise InvalidArgument(f"layer {name} is corrupted: its bytes hash to {got}, "
                                   f"the image says {want}")
+        if diff_id is not None and got_plain != diff_id:
+            raise InvalidArgument(f"layer {name} does not match the image config: its "
+                                  f"uncompressed tar hashes to {got_plain}, the config's "
+                                  f"diff_id is {diff_id}; refusing the archive (hostile or "
+                                  f"broken), nothing was imported")
         return svc.add_layer_dir(rootfs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -89,8 +103,15 @@ def import_image(svc: ImageService, path: pathlib.Path, tag: str | None = None,
                         if r is not None), None)
             if ref is None:
                 with src.open() as f:
-                    ref = layer_from_tar(svc, f, svc.limits, src.digest, src.name)
-                known.put([src.digest], ref)  # the diff_id is unverified here: not recorded
+                    try:
+                        ref = layer_from_tar(svc, f, svc.limits, src.digest, src.name,
+                                             diff_id=src.diff_id)
+                    except DSecError:
+                        raise
+                    except (OSError, EOFError) as exc:  # a broken gzip/zstd stream
+                        raise InvalidArgument(f"{path}: layer {src.name} cannot be "
+                                              f"decompressed: {exc}") from exc
+                known.put([d for d in (src.digest, src.diff_id) if d], ref)  # both verified
             layers.append(ref)
         digest = svc.commit(name, layers, image.config)
     m = svc.store.get_manifest(digest)

@@ -23,7 +23,7 @@ from dsec.api.errors import InvalidArgument, NotFound
 from dsec.images.models import ImageConfig
 from dsec.images.refs import check_digest, digest_hex
 
-__all__ = ["SourceLayer", "SourceImage", "open_image_source", "HashingReader"]
+__all__ = ["SourceLayer", "SourceImage", "open_image_source", "HashingReader", "uncompressed"]
 
 _INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
@@ -68,6 +68,58 @@ class HashingReader:
         while self.read(1 << 20):
             pass
         return "sha256:" + self.h.hexdigest()
+
+
+class _Prepended:
+    """A reader that yields ``head`` and then the rest of ``f`` (sniffing without seek)."""
+
+    def __init__(self, head: bytes, f: IO[bytes]) -> None:
+        self.head, self.f = head, f
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.f.read(n)
+        if n < 0:
+            data, self.head = self.head + self.f.read(), b""
+            return data
+        data, self.head = self.head[:n], self.head[n:]
+        return data + (self.f.read(n - len(data)) if len(data) < n else b"")
+
+
+@contextlib.contextmanager
+def uncompressed(raw: IO[bytes], kind: str = "") -> Iterator[IO[bytes]]:
+    """A reader of the uncompressed tar in ``raw``: gzip and zstd are sniffed from their
+    magic bytes (which win over ``kind``, the media type's word); anything else is plain."""
+    magic = raw.read(4)
+    src = _Prepended(magic, raw)
+    if magic[:2] == b"\x1f\x8b":
+        kind = "gzip"
+    elif magic == b"\x28\xb5\x2f\xfd":
+        kind = "zstd"
+    if kind == "gzip":
+        import gzip
+
+        with gzip.GzipFile(fileobj=src) as f:  # type: ignore[arg-type]
+            yield f  # type: ignore[misc]
+    elif kind == "zstd":
+        import zstandard
+
+        with zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True) as f:
+            yield f
+    else:
+        yield src  # type: ignore[misc]
+
+
+def _diff_ids(config: object, count: int, where: str) -> list[str]:
+    """The config's diff_ids, one per layer: each layer's uncompressed tar must hash to its
+    own, so an archive whose config and layers disagree is refused, not imported."""
+    diff_ids = ((config.get("rootfs") or {}).get("diff_ids") or []) if isinstance(
+        config, dict) else []
+    if len(diff_ids) != count:
+        raise InvalidArgument(f"{where}: the image config lists {len(diff_ids)} diff_ids for "
+                              f"{count} layers; refusing an archive whose config does not "
+                              f"describe its layers")
+    return [check_digest(str(d)) for d in diff_ids]
 
 
 class _Files:
@@ -129,15 +181,14 @@ def _docker_save(files: _Files, ref: str | None) -> SourceImage:
         if entry is None:
             raise NotFound(f"{files.path}: no image tagged {ref!r}")
     config = files.json(entry["Config"])
-    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    diff_ids = _diff_ids(config, len(entry["Layers"]), str(files.path))
     layers = []
     for i, name in enumerate(entry["Layers"]):
         # Blobs named by digest (Docker 25+) are checked against their name; legacy
         # 'layer.tar' files are uncompressed, so they must hash to the config's diff_id.
         want = "sha256:" + name.rsplit("/", 1)[1] if name.startswith("blobs/sha256/") else (
-            diff_ids[i] if i < len(diff_ids) else None)
-        layers.append(SourceLayer(name, lambda n=name: files.open(n), want,
-                                  diff_ids[i] if i < len(diff_ids) else None))
+            diff_ids[i])
+        layers.append(SourceLayer(name, lambda n=name: files.open(n), want, diff_ids[i]))
     tags = entry.get("RepoTags") or []
     return SourceImage(layers=layers, config=_config(config), name=tags[0] if tags else None)
 
@@ -166,10 +217,11 @@ def _oci_layout(files: _Files, ref: str | None) -> SourceImage:
                      str(files.path))
     manifest = files.json(_blob(desc["digest"]))
     config = files.json(_blob(manifest["config"]["digest"]))
-    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    descs = manifest.get("layers") or []
+    diff_ids = _diff_ids(config, len(descs), str(files.path))
     layers = [SourceLayer(_blob(d["digest"]), lambda n=_blob(d["digest"]): files.open(n),
-                          d["digest"], diff_ids[i] if i < len(diff_ids) else None)
-              for i, d in enumerate(manifest.get("layers") or [])]
+                          d["digest"], diff_ids[i])
+              for i, d in enumerate(descs)]
     return SourceImage(layers=layers, config=_config(config), name=name)
 
 

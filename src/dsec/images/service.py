@@ -313,12 +313,15 @@ class ImageService:
     def build_dockerfile(self, dockerfile: pathlib.Path, tag: str,
                          context: pathlib.Path | None = None,
                          build_args: dict[str, str] | None = None,
-                         auth: RegistryAuth | None = None) -> ImageInfo:
-        """Build a Dockerfile with buildah (RUN without network) and tag the result; see
+                         auth: RegistryAuth | None = None,
+                         network: dict[str, bool] | None = None) -> ImageInfo:
+        """Build a Dockerfile with buildah and tag the result; RUN steps have no network
+        unless ``network`` grants named permissions of the node's ``network.json``. See
         :mod:`dsec.images.dockerfile`."""
         from dsec.images.dockerfile import build_dockerfile
 
-        return build_dockerfile(self, dockerfile, tag, context, build_args, auth)
+        return build_dockerfile(self, dockerfile, tag, context, build_args, auth,
+                                network=network)
 
     def merge(self, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
         """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.

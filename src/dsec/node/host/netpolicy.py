@@ -90,6 +90,9 @@ class NetworkConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     subnet: str = Field("10.213.0.0/16", description="sandbox addresses, a /30 each")
+    build_subnet: str = Field("10.212.255.0/24",
+                              description="addresses of Dockerfile builds granted a network "
+                                          "permission, a /30 each (apart from the sandboxes')")
     permissions: dict[str, Permission] = Field(default_factory=dict)
     dns_upstreams: list[str] = Field(
         default_factory=list, description="'ip' or 'ip:port' of the resolvers the node asks "
@@ -318,6 +321,15 @@ class NetworkManager:
     def forget(self, rec) -> dict[str, int]:
         """Close the sandbox's resolver (it is stopping); what it refused."""
         return self._dns.forget(rec.id) if self._dns else {}
+
+    async def plumb(self, ns: str, slot: int, allow: dict[str, bool]) -> None:
+        """Give the namespace file ``ns`` the veth of ``slot`` and the rules of ``allow``
+        (a Dockerfile build's namespace: :mod:`dsec.node.host.buildnet`)."""
+        await self._plumb(ns, slot, allow)
+
+    async def resolve_for(self, rec, allow: dict[str, bool]) -> None:
+        """Start the resolver of ``rec`` if a permission of ``allow`` names domains."""
+        await self._resolve_for(rec, allow)
 
     async def _plumb(self, ns: str, slot: int, allow: dict[str, bool]) -> None:
         """Veth, addresses, route and rules: three commands, the namespace's side in one."""
