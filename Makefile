@@ -10,7 +10,7 @@ PORT ?= 7070
 APT_PACKAGES := curl runc tini busybox-static erofs-utils iproute2 nftables gcc libc6-dev \
 	fuse3 bubblewrap mmdebstrap qemu-system-x86 qemu-utils linux-image-amd64 extlinux \
 	syslinux-common fdisk e2fsprogs podman golang-github-containers-common dnsmasq-base buildah skopeo \
-	docker-registry
+	docker-registry apache2-utils
 STAMP := $(VENV)/.installed
 
 .PHONY: harbor-venv setup apt venv run serve stop demo test test-fast test-cgroup2 base-images images bench clean

@@ -40,23 +40,33 @@ class Registry:
 
 
 @contextlib.contextmanager
-def run_registry(tmp: pathlib.Path) -> Iterator[Registry]:
-    """Start docker-registry on a free loopback port; stop it and check it is gone."""
+def run_registry(tmp: pathlib.Path, users: dict[str, str] | None = None
+                 ) -> Iterator[Registry]:
+    """Start docker-registry on a free loopback port; stop it and check it is gone.
+
+    ``users``: name -> password; the registry then wants Basic auth (an htpasswd file made
+    by apache2-utils' ``htpasswd -B``, the bcrypt form distribution reads)."""
     port = free_port()
     storage = tmp / "registry-data"
     storage.mkdir(parents=True)
     config = tmp / "registry.yml"
-    config.write_text(json.dumps({  # YAML is a superset of JSON
+    doc = {  # YAML is a superset of JSON
         "version": 0.1, "log": {"level": "warn"},
         "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
-        "http": {"addr": f"127.0.0.1:{port}"}}))
+        "http": {"addr": f"127.0.0.1:{port}"}}
+    if users:
+        lines = [subprocess.run(["htpasswd", "-Bbn", u, p], check=True, capture_output=True,
+                                text=True).stdout.strip() for u, p in users.items()]
+        (tmp / "htpasswd").write_text("\n".join(lines) + "\n")
+        doc["auth"] = {"htpasswd": {"realm": "dsec-test", "path": str(tmp / "htpasswd")}}
+    config.write_text(json.dumps(doc))
     log = open(tmp / "registry.log", "wb")
     proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code in (200, 401):
                     break
             except httpx.HTTPError:
                 pass

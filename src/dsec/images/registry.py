@@ -3,7 +3,8 @@
 Covers what dsec needs: manifests by tag or digest, blobs whole or by byte range, blob and
 manifest uploads, and the two auth schemes registries use (a 401 with
 ``WWW-Authenticate: Bearer realm=...`` answered by fetching a token, or ``Basic``).
-Credentials come from flags or from the Docker / containers auth files. Every manifest is
+Credentials come from flags or from the Docker / containers auth files (``auths``
+entries, or the ``credHelpers`` / ``credsStore`` helper programs they name). Every manifest is
 checked against the digest asked for or the one the registry claims; blob callers check
 theirs (:mod:`dsec.images.pull`). Every failure is a :class:`DSecError` naming the registry
 and what was asked for.
@@ -19,7 +20,9 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -29,14 +32,15 @@ from dsec.api.errors import InvalidArgument, NotFound, Unavailable
 from dsec.images.refs import DOCKER_HUB, is_digest
 
 __all__ = ["RegistryClient", "RegistryAuth", "RegistryPolicy", "parse_challenge", "load_credentials",
-           "check_insecure", "MANIFEST_TYPES", "INDEX_TYPES"]
+           "helper_get", "check_insecure", "MANIFEST_TYPES", "INDEX_TYPES"]
 
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                "application/vnd.docker.distribution.manifest.list.v2+json")
 IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                "application/vnd.docker.distribution.manifest.v2+json")
 MANIFEST_TYPES = INDEX_TYPES + IMAGE_TYPES
-MAX_MANIFEST = 4 << 20  # the limit distribution itself applies to manifests
+MAX_MANIFEST = 4 << 20
+HELPER_TIMEOUT_S = 30  # a helper may ask a keychain; Docker itself waits without limit  # the limit distribution itself applies to manifests
 
 
 class RegistryAuth(BaseModel):
@@ -90,27 +94,84 @@ def _auth_files(explicit: pathlib.Path | None) -> list[pathlib.Path]:
 
 def load_credentials(registry: str, auth_file: pathlib.Path | None = None
                      ) -> tuple[str, str] | None:
-    """(user, password) for ``registry`` from the first auth file that has an entry."""
+    """(user, password) for ``registry`` from the first auth file that has them.
+
+    In each file, as Docker does: a ``credHelpers`` entry for the registry, else the
+    ``credsStore``, names a helper (``docker-credential-NAME get``, :func:`helper_get`);
+    when it has nothing for the registry, the file's ``auths`` entry is used."""
     keys = [registry, f"https://{registry}", f"http://{registry}"]
     if registry == DOCKER_HUB:
         keys += ["docker.io", "https://index.docker.io/v1/", "index.docker.io"]
     for path in _auth_files(auth_file):
         try:
-            auths = json.loads(path.read_text()).get("auths") or {}
+            doc = json.loads(path.read_text())
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
             raise InvalidArgument(f"cannot read registry credentials from {path}: {exc}") from exc
-        for key in keys:
-            entry = auths.get(key) or auths.get(key.rstrip("/"))
-            if not entry:
-                continue
-            if entry.get("auth"):
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
-                return user, password
-            if entry.get("username"):
-                return entry["username"], entry.get("password") or ""
+        if not isinstance(doc, dict):
+            raise InvalidArgument(f"cannot read registry credentials from {path}: not an object")
+        helpers = doc.get("credHelpers") or {}
+        helper = next((helpers[k] for k in keys if k in helpers), None) or doc.get("credsStore")
+        if helper:
+            server = "https://index.docker.io/v1/" if registry == DOCKER_HUB else registry
+            found = helper_get(str(helper), server, path)
+            if found is not None:
+                return found
+        found = _from_auths(doc.get("auths") or {}, keys)
+        if found is not None:
+            return found
     return None
+
+
+def _from_auths(auths: dict, keys: list[str]) -> tuple[str, str] | None:
+    for key in keys:
+        entry = auths.get(key) or auths.get(key.rstrip("/"))
+        if not entry:
+            continue
+        if entry.get("auth"):
+            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            return user, password
+        if entry.get("username"):
+            return entry["username"], entry.get("password") or ""
+    return None
+
+
+def helper_get(name: str, server: str, where: pathlib.Path) -> tuple[str, str] | None:
+    """Ask the credential helper ``docker-credential-NAME`` for ``server``'s credentials
+    (the docker-credential-helpers protocol: ``get``, the server on stdin, JSON with
+    ``Username`` and ``Secret`` on stdout). None when it has none for the server."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise InvalidArgument(f"{where} names the credential helper {name!r}; a helper name "
+                              f"is letters, digits, '.', '_' or '-'")
+    program = shutil.which(f"docker-credential-{name}")
+    if program is None:
+        raise InvalidArgument(f"{where} names the credential helper {name!r}, but "
+                              f"docker-credential-{name} is not on PATH; install it or "
+                              f"remove it from the file")
+    try:
+        res = subprocess.run([program, "get"], input=server, capture_output=True, text=True,
+                             timeout=HELPER_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise InvalidArgument(f"credential helper docker-credential-{name} gave no answer "
+                              f"for {server} in {HELPER_TIMEOUT_S} s") from exc
+    if res.returncode != 0:
+        said = (res.stdout.strip() or res.stderr.strip())[:300]
+        if "credentials not found" in said.lower():
+            return None
+        raise InvalidArgument(f"credential helper docker-credential-{name} failed for "
+                              f"{server} (exit {res.returncode}): {said}")
+    try:
+        body = json.loads(res.stdout)
+        user, secret = body["Username"], body["Secret"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"credential helper docker-credential-{name} answered no "
+                              f"Username/Secret JSON for {server}") from exc
+    if user == "<token>":
+        raise InvalidArgument(f"credential helper docker-credential-{name} holds an identity "
+                              f"token for {server}; dsec needs a user name and password or "
+                              f"registry token (--username/--password)")
+    return str(user), str(secret)
 
 
 def check_insecure(registry: str) -> None:
@@ -137,11 +198,21 @@ class RegistryClient:
             check_insecure(registry)
         self.registry = registry
         self.base = ("http://" if auth.insecure else "https://") + registry
-        self.creds = ((auth.username, auth.password or "") if auth.username
-                      else load_credentials(registry, auth.auth_file))
+        self._given = auth
+        self._creds: tuple[str, str] | None | bool = False  # False: not looked up yet
         self.client = httpx.Client(base_url=self.base, timeout=timeout, transport=transport,
                                    follow_redirects=True)
         self._auth: dict[str, str] = {}  # scope -> Authorization header value
+
+    @property
+    def creds(self) -> tuple[str, str] | None:
+        """(user, password) from the flags or the auth files, looked up at the first 401
+        (a credential helper runs only when the registry asks)."""
+        if self._creds is False:
+            a = self._given
+            self._creds = ((a.username, a.password or "") if a.username
+                           else load_credentials(self.registry, a.auth_file))
+        return self._creds  # type: ignore[return-value]
 
     def close(self) -> None:
         """Close the connections."""
