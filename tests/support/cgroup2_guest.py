@@ -101,7 +101,16 @@ for m in loop erofs overlay zram fuse; do modprobe $m || fail "modprobe $m"; don
 ip link set lo up
 hostname cgroup2-guest
 ulimit -n 1048576
-cd "$(cat $out/cwd)" || fail "no checkout"
+# the checkout has a share of its own: it may sit on a filesystem the root share does not
+# cross (a tmpfs /tmp, another disk); a tmpfs overlay keeps the guest's writes in the guest
+ck="$(cat $out/cwd)"
+mkdir -p /run/ck/lower /run/ck/upper "$ck"
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=524288 checkout /run/ck/lower \
+  || fail "mount the checkout share"
+mount -t tmpfs tmpfs /run/ck/upper && mkdir /run/ck/upper/u /run/ck/upper/w
+mount -t overlay overlay -o lowerdir=/run/ck/lower,upperdir=/run/ck/upper/u,workdir=/run/ck/upper/w "$ck" \
+  || fail "overlay on the checkout"
+cd "$ck" || fail "no checkout"
 echo "cgroup2-guest: $(cat $out/python) -m pytest $(cat $out/args)"
 eval "set -- $(cat $out/args)"
 PYTHONPATH="$PWD/src" PYTHONDONTWRITEBYTECODE=1 "$(cat $out/python)" -m pytest "$@"
@@ -168,6 +177,9 @@ def qemu_argv(kernel: Path, initrd: Path, out: Path, memory_mb: int, vcpus: int,
             "-fsdev", "local,id=root,path=/,security_model=passthrough,readonly=on,"
                       "multidevs=remap",
             "-device", "virtio-9p-device,fsdev=root,mount_tag=root",
+            "-fsdev", f"local,id=checkout,path={ROOT},security_model=passthrough,readonly=on,"
+                      "multidevs=remap",
+            "-device", "virtio-9p-device,fsdev=checkout,mount_tag=checkout",
             "-fsdev", f"local,id=out,path={out},security_model=passthrough",
             "-device", "virtio-9p-device,fsdev=out,mount_tag=out",
             "-device", "virtio-rng-device"]
