@@ -21,3 +21,12 @@ def fn_server():
     left = leftovers(srv.state_dir)
     srv.destroy()
     assert not left, f"the integration tests left things behind: {left}"
+
+
+@pytest.fixture
+def e2b_env(server, monkeypatch):
+    """The unmodified e2b SDK pointed at ``server`` (a module's own server fixture)."""
+    monkeypatch.setenv("E2B_API_URL", f"{server.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{server.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", server.token)
+    return server

@@ -19,14 +19,6 @@ import dsec
 
 
 @pytest.fixture
-def e2b_env(server, monkeypatch):
-    monkeypatch.setenv("E2B_API_URL", f"{server.url}/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", f"{server.url}/e2b/envd")
-    monkeypatch.setenv("E2B_API_KEY", server.token)
-    return server
-
-
-@pytest.fixture
 def made(e2b_env):
     """Sandbox.create with cleanup: call it as made(**create_kwargs)."""
     sandboxes = []

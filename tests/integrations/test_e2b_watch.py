@@ -12,14 +12,6 @@ from e2b import (AsyncSandbox, FilesystemEventType, NotFoundException, Sandbox,
 
 
 @pytest.fixture
-def e2b_env(server, monkeypatch):
-    monkeypatch.setenv("E2B_API_URL", f"{server.url}/e2b")
-    monkeypatch.setenv("E2B_SANDBOX_URL", f"{server.url}/e2b/envd")
-    monkeypatch.setenv("E2B_API_KEY", server.token)
-    return server
-
-
-@pytest.fixture
 def sbx(e2b_env):
     sb = Sandbox.create(template="busybox", timeout=300)
     sb.files.make_dir("/tmp/w")

@@ -84,27 +84,24 @@ def envd_router(config: E2BConfig) -> APIRouter:
     """The routes under ``/e2b/envd``."""
     router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
-    @router.post("/process.Process/Start")
-    async def start(request: Request) -> Response:
+    async def process_stream(request: Request, model, make_events) -> Response:
+        """Start and Connect: a command's event stream, or the stream's error frame."""
         try:
             target = _target(request)
-            msg = await parse_stream_request(request, StartRequest)
-            events = process.start_events(target, msg, timeout_s(request),
-                                          config.max_output_bytes, _keepalive(request))
+            msg = await parse_stream_request(request, model)
+            events = make_events(target, msg, timeout_s(request), config.max_output_bytes,
+                                 _keepalive(request))
         except RpcError as err:
             return _stream_error(err)
         return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
 
+    @router.post("/process.Process/Start")
+    async def start(request: Request) -> Response:
+        return await process_stream(request, StartRequest, process.start_events)
+
     @router.post("/process.Process/Connect")
     async def connect(request: Request) -> Response:
-        try:
-            target = _target(request)
-            msg = await parse_stream_request(request, ConnectRequest)
-            events = process.connect_events(target, msg, timeout_s(request),
-                                            config.max_output_bytes, _keepalive(request))
-        except RpcError as err:
-            return _stream_error(err)
-        return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
+        return await process_stream(request, ConnectRequest, process.connect_events)
 
     @router.post("/filesystem.Filesystem/WatchDir")
     async def watch_dir(request: Request) -> Response:
