@@ -7,6 +7,7 @@ import os
 import pytest
 
 from dsec.api.errors import InvalidArgument
+from dsec.images import ImageService
 from dsec.images.dockerfile import DockerfileError, check_context, parse_dockerfile
 from dsec.images.registry import RegistryAuth
 from tests.images.conftest import overlay
@@ -213,3 +214,21 @@ def test_escape_directive_is_honoured_by_the_build(svc, busybox, tmp_path):
     svc.build_dockerfile(tmp_path / "Dockerfile", "team/esc:v1")
     with overlay(tmp_path, svc.resolve("team/esc:v1").lowerdirs, writable=False) as (r, _):
         assert (r / "p.txt").read_text() == "one\njoined\n"
+
+
+@pytest.mark.parametrize("state", ["state_", "State__x", "a b"])
+def test_a_state_dir_whose_path_is_no_image_name_still_builds(tmp_path, state):
+    """buildah names an image read from ``oci:DIR`` after DIR; a path that is no valid
+    image name (mkdtemp's ``_`` at the end of a component, capitals, spaces) must not
+    break a build (CI lost a run to a temporary directory ending in ``_``)."""
+    service = ImageService(tmp_path / state)
+    try:
+        service.ensure_busybox()
+        (tmp_path / "Dockerfile").write_text("FROM busybox\nRUN echo ok > /ok\n")
+        service.build_dockerfile(tmp_path / "Dockerfile", "team/odd:v1")
+        with overlay(tmp_path, service.resolve("team/odd:v1").lowerdirs,
+                     writable=False) as (root, _):
+            assert (root / "ok").read_text() == "ok\n"
+        assert not list(service.store.tmp.iterdir())
+    finally:
+        service.unmount_all()

@@ -43,9 +43,10 @@ def harbor() -> Path:
 def task_image(fn_server) -> str:
     """The task's image, built from its Dockerfile by buildah into the server's store."""
     dockerfile = TASK / "environment" / "Dockerfile"
-    subprocess.run([sys.executable, "-m", "dsec.cli", "image", "build", str(dockerfile),
-                    "--tag", IMAGE, "--state-dir", str(fn_server.state_dir)],
-                   check=True, capture_output=True, timeout=400)
+    built = subprocess.run([sys.executable, "-m", "dsec.cli", "image", "build", str(dockerfile),
+                            "--tag", IMAGE, "--state-dir", str(fn_server.state_dir)],
+                           capture_output=True, text=True, timeout=400)
+    assert built.returncode == 0, f"dsec image build failed:\n{built.stdout}\n{built.stderr}"
     return IMAGE
 
 

@@ -10,8 +10,8 @@ ADD of tars, .dockerignore) exactly as Docker does. dsec does three things aroun
    network, and neither does the build).
 2. Resolves every ``FROM``: a dsec image is exported as an OCI layout (uncompressed tars,
    recorded in the layer map); anything else is pulled by dsec from its registry first
-   (:mod:`dsec.images.pull`), then exported the same way. buildah gets ``FROM oci:DIR``
-   and never touches a network.
+   (:mod:`dsec.images.pull`), then exported the same way and copied by skopeo into the
+   build's own buildah store under a name of ours; buildah never touches a network.
 3. Runs buildah with ``--network none`` (RUN steps see only loopback; a build granted
    named permissions of the node's ``network.json`` gets a namespace with exactly those,
    :mod:`dsec.node.host.buildnet`) in a private storage root under the store's ``tmp/``, writes the result as an OCI layout, and imports it; the
@@ -193,9 +193,20 @@ def _stage_names(instructions: list[Instruction]) -> set[str]:
     return names
 
 
-def _base_layout(svc: ImageService, image: str, work: pathlib.Path, auth: RegistryAuth | None,
-                 cache: dict[str, str]) -> str:
-    """``oci:DIR:tag`` for a FROM image: a dsec image, else pulled from its registry first."""
+def _storage(work: pathlib.Path) -> list[str]:
+    """buildah's storage options: a vfs store of this build's own, under ``work``."""
+    return ["--root", str(work / "root"), "--runroot", str(work / "run"),
+            "--storage-driver", "vfs"]
+
+
+def _base_image(svc: ImageService, image: str, work: pathlib.Path, auth: RegistryAuth | None,
+                cache: dict[str, str]) -> str:
+    """The name, in the build's own buildah store, of a FROM image: a dsec image, else
+    pulled from its registry first.
+
+    The image goes in by ``skopeo copy`` under a name of ours: buildah names an image read
+    straight from ``oci:DIR`` after DIR, and a state directory's path is not always a valid
+    image name (a ``_`` at the end of a component is refused)."""
     if image in cache:
         return cache[image]
     ref = normalize_ref(image)
@@ -204,10 +215,17 @@ def _base_layout(svc: ImageService, image: str, work: pathlib.Path, auth: Regist
         svc.ensure_busybox()
     if not known:  # not a dsec image: a registry's (Docker Hub's if it names no host)
         svc.pull_registry(image, auth=auth)
-    layout = work / f"base-{len(cache)}"
+    layout, tag = work / f"base-{len(cache)}", ref.rsplit(":", 1)[1]
+    name = f"localhost/dsec-base-{len(cache)}:{tag}"
     svc.export_oci(ref, layout, compress=False)
-    cache[image] = f"oci:{layout}:{ref.rsplit(':', 1)[1]}"
-    return cache[image]
+    try:
+        _run(["skopeo", "copy", "--quiet", f"oci:{layout}:{tag}",
+              f"containers-storage:[vfs@{work / 'root'}+{work / 'run'}]{name}"],
+             f"FROM {image}", None)
+    finally:
+        shutil.rmtree(layout, ignore_errors=True)
+    cache[image] = name
+    return name
 
 
 def _shells(instructions: list[Instruction]) -> dict[int, list[str]]:
@@ -237,7 +255,7 @@ def _from_line(svc: ImageService, inst: Instruction, stages: set[str], work: pat
         raise DockerfileError(f"line {inst.line}: FROM {image}: build arguments in "
                               f"FROM are not supported; write the image name")
     if image.lower() not in stages and image != "scratch":
-        rest[0] = _base_layout(svc, image, work, auth, cache)
+        rest[0] = _base_image(svc, image, work, auth, cache)
     return " ".join(["FROM", *flags, *rest])
 
 
@@ -289,8 +307,7 @@ def build_dockerfile(svc: ImageService, dockerfile: pathlib.Path, tag: str,
         heredocs = Lowered()
         (work / "Dockerfile").write_text(_rewrite(svc, text, instructions, work, auth,
                                                   heredocs))
-        storage = ["--root", str(work / "root"), "--runroot", str(work / "run"),
-                   "--storage-driver", "vfs"]
+        storage = _storage(work)
         # mkdtemp's suffix may hold '_' runs, which image names refuse: a hex name instead
         name = f"localhost/dsec-build-{secrets.token_hex(6)}"
         cmd = ["buildah", *storage, "bud", "--layers=false", "--pull-never",
@@ -305,8 +322,7 @@ def build_dockerfile(svc: ImageService, dockerfile: pathlib.Path, tag: str,
                   f"oci:{work / 'out'}:{tag.rsplit(':', 1)[1]}"], dockerfile, log)
         return svc.import_image(work / "out", tag)
     finally:
-        subprocess.run(["buildah", "--root", str(work / "root"), "--runroot", str(work / "run"),
-                        "--storage-driver", "vfs", "rm", "--all"], capture_output=True)
+        subprocess.run(["buildah", *_storage(work), "rm", "--all"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -331,11 +347,16 @@ def _run_network(svc: ImageService, allow: dict[str, bool]) -> Iterator[list[str
 
 
 def _buildah(cmd: list[str], dockerfile: pathlib.Path, log: pathlib.Path | None) -> None:
+    _run(cmd, str(dockerfile), log)
+
+
+def _run(cmd: list[str], what: str, log: pathlib.Path | None) -> None:
+    """Run a buildah or skopeo step of the build; its output goes to ``log``."""
     res = subprocess.run(cmd, capture_output=True, text=True)
     if log is not None:
         with open(log, "a") as f:
             f.write(res.stdout + res.stderr)
     if res.returncode != 0:
         tail = (res.stderr.strip() or res.stdout.strip())[-1500:]
-        raise DockerfileError(f"building {dockerfile} failed (buildah exit {res.returncode}):"
+        raise DockerfileError(f"building {what} failed ({cmd[0]} exit {res.returncode}):"
                               f"\n{tail}")
