@@ -8,9 +8,7 @@ projects) creates directly.
 
 from __future__ import annotations
 
-import time
-
-from dsec.api.errors import Capacity, Forbidden, QuotaExceeded
+from dsec.api.errors import Capacity, Forbidden
 from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxSpec
 from dsec.api.projects import within
 from dsec.gateway.projects.quota import Ask
@@ -51,33 +49,34 @@ async def create_one(gw, who, spec: SandboxSpec) -> SandboxInfo:
 
 async def create_many(gw, who, req: CreateManyRequest) -> tuple[list[SandboxInfo], list[str]]:
     """The batch admitted in runs: as many items as fit now are made, the rest wait in
-    line (up to ``spec.wait_s``) for the next room; what never fits is a per-item
-    ``quota_exceeded`` error."""
+    line (up to ``spec.wait_s``, keeping the batch's place) for the next room; what never
+    fits is a per-item ``quota_exceeded`` error."""
     spec = owned(gw, who, req.spec)
     ledger, admission = gw.projects.ledger, gw.projects.admission
-    deadline = time.monotonic() + spec.wait_s
     made: list[SandboxInfo] = []
     errors: list[str] = []
-    first, left = req.first_index, req.count
-    while left:
-        try:
-            res = await admission.admit(spec.project, Ask(left, spec.cpu, spec.memory_mb),
-                                        max(0.0, deadline - time.monotonic()), partial=True)
-        except QuotaExceeded as exc:
-            errors += [f"item {i}: {exc.code}: {exc.message}" for i in range(first, first + left)]
-            break
+    first = req.first_index
+
+    async def run(res) -> None:
+        nonlocal first
         n = len(res.keys)
         part = req.model_copy(update={"spec": spec, "count": n, "first_index": first})
         try:
             got, errs = await create_batch(gw, part)
         except BaseException:
-            ledger.release(res.keys)
+            admission.give_back(res.keys)
             raise
         ledger.confirm([(k, i.id, i.node) for k, i in zip(res.keys, got)])
-        ledger.release(res.keys[len(got):])
-        made += got
-        errors += errs
-        first, left = first + n, left - n
+        admission.give_back(res.keys[len(got):])
+        made.extend(got)
+        errors.extend(errs)
+        first += n
+
+    exc = await admission.in_runs(spec.project, Ask(req.count, spec.cpu, spec.memory_mb),
+                                  spec.wait_s, run)
+    if exc is not None:
+        end = req.first_index + req.count
+        errors.extend(f"item {i}: {exc.code}: {exc.message}" for i in range(first, end))
     return made, errors
 
 

@@ -1,17 +1,22 @@
 """Queued admission: a create that does not fit waits, first come first served per project.
 
-A create with ``wait_s`` > 0 that finds its project's quota (or the cluster) full joins
-its project's queue on this gateway; only the head of a queue tries again, when a
-sandbox of this gateway stops or every ``poll_s`` (other gateways sharing the store free
-room too), so later arrivals never overtake it. ``wait_s`` = 0 answers at once. After
-``wait_s`` it answers ``QuotaExceeded`` with ``Retry-After``.
+Every create takes a ticket when it reaches the gateway. One with ``wait_s`` > 0 that
+finds its project's quota (or the cluster) full joins its project's line on this gateway,
+in ticket order; only the head of a line tries again, when room comes free on this
+gateway or every ``poll_s`` (other gateways sharing the store free room too). While
+anyone is in line a newcomer joins behind them, so it never takes room before an earlier
+create of its project, and a create keeps its place (its ticket) for as long as it waits:
+one that was admitted but found no node with room goes back to its place while it backs
+off, and a batch stays at the head until its last item fits. ``wait_s`` = 0 answers at
+once. After ``wait_s`` it answers ``QuotaExceeded`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 from dsec.api.errors import QuotaExceeded
@@ -21,89 +26,173 @@ from dsec.gateway.projects.quota import Ask
 
 __all__ = ["Admission"]
 
+_BEHIND = "waiting behind earlier creates of this project"
+
 
 class _Waiter:
-    __slots__ = ("woken",)
+    __slots__ = ("ticket", "woken")
 
-    def __init__(self) -> None:
+    def __init__(self, ticket: int) -> None:
+        self.ticket = ticket
         self.woken = asyncio.Event()
+
+
+class _Spot:
+    """One request's place: its ticket from arrival, and its waiter while it is in line."""
+
+    __slots__ = ("path", "ticket", "waiter")
+
+    def __init__(self, path: str, ticket: int) -> None:
+        self.path, self.ticket = path, ticket
+        self.waiter: _Waiter | None = None
 
 
 class Admission:
     def __init__(self, ledger: Ledger, quotas: Callable[[list[str]], dict[str, Quota]],
                  poll_s: float = 0.2) -> None:
         self.ledger, self.quotas, self.poll_s = ledger, quotas, poll_s
-        self.queues: dict[str, deque[_Waiter]] = {}
+        self.lines: dict[str, list[_Waiter]] = {}  # per project, in ticket order
+        self._tickets = itertools.count()
 
     def freed(self) -> None:
-        """Room came free (a sandbox stopped): the head of each queue tries again. Only
+        """Room came free (a sandbox stopped): the head of each line tries again. Only
         heads are woken, so a stop costs the same with ten waiters or ten thousand."""
-        for queue in self.queues.values():
-            queue[0].woken.set()
+        for line in self.lines.values():
+            line[0].woken.set()
+
+    def give_back(self, keys: list[str]) -> None:
+        """Room taken for sandboxes that were not made: back to the ledger, and the heads
+        of the lines try again now rather than at their next poll."""
+        if keys:
+            self.ledger.release(keys)
+            self.freed()
+
+    # ---- the line ----
+    def _spot(self, path: str) -> _Spot:
+        return _Spot(path, next(self._tickets))
+
+    def _join(self, spot: _Spot) -> _Waiter:
+        """In line at the place of its ticket: the end for a newcomer, further up for a
+        request that arrived earlier and comes back (tickets only grow)."""
+        if spot.waiter is None:
+            me = spot.waiter = _Waiter(spot.ticket)
+            line = self.lines.setdefault(spot.path, [])
+            if not line or line[-1].ticket < me.ticket:
+                line.append(me)
+            else:
+                line.insert(bisect.bisect(line, me.ticket, key=lambda w: w.ticket), me)
+        return spot.waiter
+
+    def _leave(self, spot: _Spot) -> None:
+        if spot.waiter is None:
+            return
+        line = self.lines[spot.path]
+        line.remove(spot.waiter)
+        spot.waiter = None
+        if line:
+            line[0].woken.set()  # the next in line may fit in what is left
+        else:
+            del self.lines[spot.path]
 
     def _try(self, path: str, ask: Ask, partial: bool) -> Reservation:
         return self.ledger.reserve(path, self.quotas(ancestors(path)), ask, partial)
 
+    async def _reserve(self, spot: _Spot, ask: Ask, deadline: float, wait_s: float,
+                       partial: bool, clock: Callable[[], float]) -> Reservation:
+        """Room for ``ask``: at once when nobody is in line, else in line at the spot's
+        place until it fits at the head (the spot stays in line; its caller leaves)."""
+        if spot.waiter is None and not self.lines.get(spot.path):
+            res = self._try(spot.path, ask, partial)
+            if res.problem is None or wait_s <= 0:
+                return _or_raise(res, wait_s)
+        me = self._join(spot)
+        res = Reservation(spot.path, problem=_BEHIND)
+        while True:
+            head = self.lines[spot.path][0] is me
+            if head:
+                res = self._try(spot.path, ask, partial)
+                if res.problem is None:
+                    return res
+            left = deadline - clock()
+            if left <= 0:
+                return _or_raise(res, wait_s)
+            # a head also looks again every poll_s: other gateways free room unseen
+            nap = min(left, self.poll_s, max(res.retry_after_s, 0.01)) if head else left
+            me.woken.clear()
+            try:
+                await asyncio.wait_for(me.woken.wait(), nap)
+            except TimeoutError:
+                pass
+
+    # ---- what the routes call ----
     async def admit(self, path: str, ask: Ask, wait_s: float, partial: bool = False,
                     clock: Callable[[], float] = time.monotonic) -> Reservation:
         """Room for ``ask`` in ``path`` (with ``partial``, for one or more of it), waiting
         in line up to ``wait_s``; QuotaExceeded once that has passed."""
-        if not self.queues.get(path):  # nobody is waiting: no line to join
-            res = self._try(path, ask, partial)
-            if res.problem is None or wait_s <= 0:
-                return _or_raise(res, wait_s)
-        return await self._wait_in_line(path, ask, wait_s, partial, clock)
-
-    async def _wait_in_line(self, path: str, ask: Ask, wait_s: float, partial: bool,
-                            clock) -> Reservation:
-        deadline = clock() + wait_s
-        queue = self.queues.setdefault(path, deque())
-        me = _Waiter()
-        queue.append(me)
-        res = Reservation(path, problem="waiting behind earlier creates of this project")
+        spot = self._spot(path)
         try:
-            while True:
-                head = queue[0] is me
-                if head:
-                    res = self._try(path, ask, partial)
-                    if res.problem is None:
-                        return res
-                left = deadline - clock()
-                if left <= 0:
-                    return _or_raise(res, wait_s)
-                # a head also looks again every poll_s: other gateways free room unseen
-                nap = min(left, self.poll_s, max(res.retry_after_s, 0.01)) if head else left
-                me.woken.clear()
-                try:
-                    await asyncio.wait_for(me.woken.wait(), nap)
-                except TimeoutError:
-                    pass
+            return await self._reserve(spot, ask, clock() + wait_s, wait_s, partial, clock)
         finally:
-            queue.remove(me)
-            if queue:
-                queue[0].woken.set()  # the next in line may fit in what is left
-            else:
-                self.queues.pop(path, None)
+            self._leave(spot)
 
     async def hold(self, path: str, ask: Ask, wait_s: float,
                    attempt: Callable[[Reservation], Awaitable[object]],
                    retryable: type[Exception]) -> object:
         """Admit, then run ``attempt``; when it fails the room is given back, and when it
-        failed with ``retryable`` (no node has room) it waits again within ``wait_s``.
-        ``attempt`` confirms the reservation itself once the sandbox exists."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            res = await self.admit(path, ask, max(0.0, deadline - time.monotonic()))
-            try:
-                return await attempt(res)
-            except retryable:
-                self.ledger.release(res.keys)
-                if time.monotonic() + self.poll_s >= deadline:
+        failed with ``retryable`` (no node has room) it waits again within ``wait_s``, at
+        the place in line it arrived at. ``attempt`` confirms the reservation itself once
+        the sandbox exists."""
+        clock = time.monotonic
+        deadline = clock() + wait_s
+        spot = self._spot(path)
+        try:
+            while True:
+                res = await self._reserve(spot, ask, deadline, wait_s, False, clock)
+                self._leave(spot)  # admitted: the next in line may take what is left
+                try:
+                    return await attempt(res)
+                except retryable:
+                    self.give_back(res.keys)
+                    if clock() + self.poll_s >= deadline:
+                        raise
+                    # back off at its own place: a newcomer must not take the room it
+                    # gave back, nor any that comes free meanwhile
+                    self._join(spot)
+                    await asyncio.sleep(self.poll_s)
+                except BaseException:
+                    self.give_back(res.keys)
                     raise
-                await asyncio.sleep(self.poll_s)
-            except BaseException:
-                self.ledger.release(res.keys)
-                raise
+        finally:
+            self._leave(spot)
+
+    async def in_runs(self, path: str, ask: Ask, wait_s: float,
+                      run: Callable[[Reservation], Awaitable[None]]) -> QuotaExceeded | None:
+        """Admit the ``ask.count`` items of a batch in runs: as many as fit now, then the
+        rest as room comes free, up to ``wait_s``. ``run(res)`` makes one run's
+        ``len(res.keys)`` items (and confirms or gives back their room). Until its last
+        item is admitted the batch keeps its place in line, at the head once it had its
+        first run, so room that comes free meanwhile is its own. Returns None when every
+        item had its run, else the QuotaExceeded the items left get."""
+        clock = time.monotonic
+        deadline = clock() + wait_s
+        spot = self._spot(path)
+        left = ask.count
+        try:
+            while left:
+                try:
+                    res = await self._reserve(spot, Ask(left, ask.cpu, ask.memory_mb),
+                                              deadline, wait_s, True, clock)
+                except QuotaExceeded as exc:
+                    return exc
+                left -= len(res.keys)
+                if left:
+                    self._join(spot)  # the rest waits at the head, before later arrivals
+                else:
+                    self._leave(spot)
+                await run(res)
+            return None
+        finally:
+            self._leave(spot)
 
 
 def _or_raise(res: Reservation, wait_s: float) -> Reservation:
