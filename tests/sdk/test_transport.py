@@ -132,3 +132,49 @@ async def test_no_answer_in_time_is_a_read_timeout_and_no_server_a_connect_error
     async with httpx.AsyncClient(transport=FastTransport()) as c:
         with pytest.raises(httpx.ConnectError):
             await c.get(srv.url)
+
+
+async def test_a_request_waiting_on_its_connect_gets_a_connection_released_meanwhile(
+        monkeypatch):
+    """R1 finds no idle connection and opens one, which is slow (under load a connect
+    takes tens of ms); A's connection comes free meanwhile, then R2 arrives. R1 must go
+    first on it: before, R2 took it from the idle stack and reached the server first."""
+    from dsec.sdk import transport
+    connect = transport._Conn.connect.__func__
+    gate = asyncio.Event()
+    connects = []
+
+    async def slow_connect(cls, origin, request, timeout):
+        connects.append(request.content)
+        if len(connects) > 1:
+            await gate.wait()  # every connect after the first hangs until the test says
+        return await connect(cls, origin, request, timeout)
+
+    monkeypatch.setattr(transport._Conn, "connect", classmethod(slow_connect))
+    a_answer = asyncio.Event()
+
+    async def answer(n, req):
+        if req.endswith(b"A"):
+            await a_answer.wait()
+        return await echo(n, req)
+
+    async with Server(answer) as srv, httpx.AsyncClient(transport=FastTransport()) as c:
+        a = asyncio.create_task(c.post(srv.url, content=b"A"))
+        await _until(lambda: len(srv.requests) == 1)
+        r1 = asyncio.create_task(c.post(srv.url, content=b"R1"))
+        await _until(lambda: len(connects) == 2)  # R1's connect is under way
+        a_answer.set()
+        assert (await a).content == b"A"  # A's connection is free now
+        r2 = asyncio.create_task(c.post(srv.url, content=b"R2"))
+        await _until(lambda: len(srv.requests) >= 2)
+        gate.set()
+        assert [(await r).content for r in (r1, r2)] == [b"R1", b"R2"]
+        assert [q.rsplit(b"\r\n\r\n", 1)[1] for q in srv.requests] == [b"A", b"R1", b"R2"]
+
+
+async def _until(cond, timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)

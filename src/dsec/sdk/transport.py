@@ -6,8 +6,9 @@ does O(connections²) work on every request and every response (each pass rescan
 connection, recounts the idle ones per connection and polls each idle socket), and its
 h11 and anyio layers write a request's head and body in two sends: 3 to 6 ms of client CPU
 per request, which capped one client process near 200 requests/s. Here a request takes an
-idle connection off a stack (or opens one, up to ``max_connections``; past that it waits
-its turn), goes out in one write, and its response is parsed in C as it arrives.
+idle connection off a stack, or waits its turn (first come, first served) for the next one
+released or opened (up to ``max_connections``), goes out in one write, and its response
+is parsed in C as it arrives.
 
 An idle connection is dropped after ``keepalive_expiry`` seconds, shorter than the
 server's own keep-alive timeout (uvicorn's 5 s), so a request is not sent on a connection
@@ -69,13 +70,35 @@ class FastTransport(httpx.AsyncBaseTransport):
             await self._tls.aclose()
 
 
+class _Turn:
+    """A request waiting for a connection."""
+
+    __slots__ = ("fut", "request", "timeout")
+
+    def __init__(self, fut: asyncio.Future, request: httpx.Request,
+                 timeout: float | None) -> None:
+        self.fut, self.request, self.timeout = fut, request, timeout
+
+
 class _Pool:
+    """The connections to one origin, given out in the order requests ask.
+
+    A request takes an idle connection when nobody is waiting; otherwise it waits its turn
+    and, below the limit, a connection is opened for it. Whichever comes free first, one
+    released or one just opened, goes to the request that has waited longest: a request
+    must not sit waiting for its own connect (tens of ms when the server is busy) while a
+    later one leaves on a connection released meanwhile, or requests reach the server in
+    another order than they were sent (what a FIFO queue behind it then sees).
+    """
+
     def __init__(self, origin: tuple[str, int], limit: int, expiry: float) -> None:
         self.origin, self.limit, self.expiry = origin, limit, expiry
         self.idle: list[_Conn] = []
         self.busy: set[_Conn] = set()
-        self.open = 0
-        self.waiting: deque[asyncio.Future] = deque()
+        self.open = 0        # connections open or being opened
+        self.connecting = 0  # of those, being opened
+        self.waiting: deque[_Turn] = deque()
+        self._opening: set[asyncio.Task] = set()
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout") or {}
@@ -100,60 +123,97 @@ class _Pool:
                                   extensions={"http_version": b"HTTP/1.1"})
 
     async def _acquire(self, request: httpx.Request, timeouts: dict) -> _Conn:
-        deadline = None
-        while True:
-            now = time.monotonic()
-            while self.idle:
-                conn = self.idle.pop()
-                if not conn.closed and now - conn.idle_since < self.expiry:
-                    conn.reused = True
-                    self.busy.add(conn)
-                    return conn
-                conn.close()
-                self.open -= 1
-            if self.open < self.limit:
-                self.open += 1
-                try:
-                    conn = await _Conn.connect(self.origin, request, timeouts.get("connect"))
-                    self.busy.add(conn)
-                    return conn
-                except BaseException:
-                    self.open -= 1
-                    self._wake()
-                    raise
-            fut = asyncio.get_running_loop().create_future()
-            self.waiting.append(fut)
-            if deadline is None and timeouts.get("pool") is not None:
-                deadline = now + timeouts["pool"]
-            try:
-                await asyncio.wait_for(fut, None if deadline is None
-                                       else max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                raise httpx.PoolTimeout(f"no free connection to {self.origin[0]} within the "
-                                        "pool timeout", request=request) from None
-            except BaseException:
-                if fut.done() and not fut.cancelled():
-                    self._wake()  # woken, then cancelled: the turn goes to the next
-                raise
+        if self._next_turn(pop=False) is None:
+            conn = self._take_idle()
+            if conn is not None:
+                return conn
+        turn = _Turn(asyncio.get_running_loop().create_future(), request,
+                     timeouts.get("connect"))
+        self.waiting.append(turn)
+        self._top_up()
+        try:
+            return await asyncio.wait_for(turn.fut, timeouts.get("pool"))
+        except asyncio.TimeoutError:
+            raise httpx.PoolTimeout(f"no free connection to {self.origin[0]} within the "
+                                    "pool timeout", request=request) from None
+        except BaseException:
+            fut = turn.fut
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._hand(fut.result())  # given to it as it was cancelled: to the next
+            raise  # a turn given up stays in the deque, dropped when it comes up
 
-    def release(self, conn: _Conn) -> None:
-        """Back to the stack when its exchange ended cleanly, else closed."""
-        self.busy.discard(conn)
-        if conn.reusable():
-            conn.reset()
+    def _take_idle(self) -> _Conn | None:
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed and now - conn.idle_since < self.expiry:
+                conn.reused = True
+                self.busy.add(conn)
+                return conn
+            conn.close()
+            self.open -= 1
+        return None
+
+    def _next_turn(self, pop: bool = True) -> _Turn | None:
+        """The longest-waiting request still waiting (turns given up are dropped)."""
+        while self.waiting:
+            if not self.waiting[0].fut.done():
+                return self.waiting.popleft() if pop else self.waiting[0]
+            self.waiting.popleft()
+        return None
+
+    def _hand(self, conn: _Conn) -> None:
+        """A free, open connection: to the longest-waiting request, else idle."""
+        turn = self._next_turn()
+        if turn is None:
             conn.idle_since = time.monotonic()
             self.idle.append(conn)
         else:
+            self.busy.add(conn)
+            turn.fut.set_result(conn)
+
+    def _top_up(self) -> None:
+        """Open connections (up to the limit) for the requests no connect is under way for
+        (turns given up still count until they come up: at worst an extra idle one)."""
+        while len(self.waiting) > self.connecting and self.open < self.limit:
+            turn = self.waiting[-1]  # whose connect timeout and request errors name
+            self.open += 1
+            self.connecting += 1
+            task = asyncio.get_running_loop().create_task(self._open(turn))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+
+    async def _open(self, turn: _Turn) -> None:
+        try:
+            conn = await _Conn.connect(self.origin, turn.request, turn.timeout)
+        except asyncio.CancelledError:  # the loop is ending: so are the requests
+            self.connecting -= 1
+            self.open -= 1
+            raise
+        except Exception as exc:
+            self.connecting -= 1
+            self.open -= 1
+            first = self._next_turn()  # the longest-waiting request hears why
+            if first is not None:
+                if isinstance(exc, httpx.RequestError):
+                    exc.request = first.request
+                first.fut.set_exception(exc)
+            self._top_up()  # the others still need a connection each
+            return
+        self.connecting -= 1
+        self._hand(conn)
+
+    def release(self, conn: _Conn) -> None:
+        """To the next request (or the stack) when its exchange ended cleanly, else closed."""
+        self.busy.discard(conn)
+        if conn.reusable():
+            conn.reset()
+            conn.reused = True
+            self._hand(conn)
+        else:
             conn.close()
             self.open -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self.waiting:
-            fut = self.waiting.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
+            self._top_up()
 
     def close(self) -> None:
         for conn in self.idle:
