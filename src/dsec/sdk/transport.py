@@ -64,7 +64,7 @@ class FastTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         for pool in self._pools.values():
-            pool.close()
+            pool.shutdown()
         self._pools.clear()
         if self._tls is not None:
             await self._tls.aclose()
@@ -225,6 +225,16 @@ class _Pool:
         self.close()
         for conn in list(self.busy):  # each is released (and counted) by its exchange
             conn.close()
+
+    def shutdown(self) -> None:
+        """The client closes: idle connections and connects under way end, and requests
+        still waiting for a connection fail."""
+        self.close()
+        for task in list(self._opening):
+            task.cancel()
+        while (turn := self._next_turn()) is not None:
+            turn.fut.set_exception(httpx.ConnectError("the client was closed",
+                                                      request=turn.request))
 
 
 class _Stale(Exception):
