@@ -172,6 +172,27 @@ async def test_a_request_waiting_on_its_connect_gets_a_connection_released_meanw
         assert [q.rsplit(b"\r\n\r\n", 1)[1] for q in srv.requests] == [b"A", b"R1", b"R2"]
 
 
+async def test_closing_the_client_fails_a_request_still_waiting_for_a_connection():
+    answer_a = asyncio.Event()
+
+    async def held(n, req):
+        await answer_a.wait()
+        return await echo(n, req)
+
+    async with Server(held) as srv:
+        t = FastTransport(max_connections=1)
+        c = httpx.AsyncClient(transport=t)
+        a = asyncio.create_task(c.post(srv.url, content=b"A"))
+        await _until(lambda: len(srv.requests) == 1)
+        b = asyncio.create_task(c.post(srv.url, content=b"B"))  # waits: the limit is 1
+        await _until(lambda: any(pool.waiting for pool in t._pools.values()))
+        await c.aclose()
+        with pytest.raises(httpx.ConnectError, match="client was closed"):
+            await asyncio.wait_for(b, 30)
+        answer_a.set()
+        await asyncio.gather(a, return_exceptions=True)
+
+
 async def _until(cond, timeout_s: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
