@@ -58,3 +58,13 @@ def test_room_is_bounded_by_the_real_headroom():
 def test_policy_ratios_still_cap():
     policy = AdmissionPolicy(memory_overcommit=1.0)
     assert "MiB reserved" in admit(IDLE, "container", 64, 0.1, policy, count=400)
+
+
+def test_a_create_burst_busy_host_is_no_cpu_shortage_while_the_sandboxes_idle():
+    # the node's own work (runc starting sandboxes) keeps both cores busy; its 900
+    # sandboxes use almost nothing: admitted. Once they are what is busy: refused.
+    burst = replace(IDLE, sandboxes=900, cpu_reserved=90.0, cpu_used=1.9, cpu_pressure=93.0,
+                    sandbox_cpu_used=0.05)
+    assert admit(burst, "container", 32, 0.1) is None
+    msg = admit(replace(burst, sandbox_cpu_used=1.9), "container", 32, 0.1)
+    assert msg and "short of CPU: its sandboxes keep 1.9 of 2 cores busy" in msg

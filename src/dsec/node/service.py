@@ -264,7 +264,8 @@ class NodeService:
                         cpu_reserved=recs.cpu + 0.05 * self._fncalls,
                         memory_available_mb=host.memory_available_mb,
                         swap_free_mb=host.swap_free_mb, cpu_used=host.cpu_used,
-                        memory_pressure=host.memory_pressure, cpu_pressure=host.cpu_pressure)
+                        memory_pressure=host.memory_pressure, cpu_pressure=host.cpu_pressure,
+                        sandbox_cpu_used=host.sandbox_cpu_used)
 
     async def node_info(self) -> NodeInfo:
         load = self.load()

@@ -35,6 +35,7 @@ class NodeLoad:
     cpu_used: float | None = None           # cores busy over the last seconds
     memory_pressure: float | None = None    # PSI memory "full avg10", % of time
     cpu_pressure: float | None = None       # PSI cpu "some avg10", % of time
+    sandbox_cpu_used: float | None = None   # cores the sandboxes themselves keep busy
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,15 @@ def pressure(load: NodeLoad, memory_mb: int, cpu: float,
         return (f"node {load.node_id} is under memory pressure: its tasks all stalled on "
                 f"memory {load.memory_pressure:.1f} % of the last 10 s (limit "
                 f"{policy.max_memory_pressure:g} %), and its memory is overcommitted")
-    if load.cpu_reserved + cpu * count > load.cpus and load.cpu_used is not None and \
-            load.cpu_used >= load.cpus * policy.max_cpu_busy and \
+    # The sandboxes' own CPU where the node measures it: a burst of creates keeps the
+    # cores busy with the node's work while the sandboxes it made are idle.
+    own = load.sandbox_cpu_used is not None
+    busy = load.sandbox_cpu_used if own else load.cpu_used
+    if load.cpu_reserved + cpu * count > load.cpus and busy is not None and \
+            busy >= load.cpus * policy.max_cpu_busy and \
             (load.cpu_pressure or 0.0) >= policy.max_cpu_pressure:
-        return (f"node {load.node_id} is short of CPU: {load.cpu_used:.1f} of {load.cpus} "
+        whose = "its sandboxes keep " if own else ""
+        return (f"node {load.node_id} is short of CPU: {whose}{busy:.1f} of {load.cpus} "
                 f"cores busy, tasks waiting {load.cpu_pressure:.0f} % of the time, and its "
                 f"CPUs are overcommitted")
     return None

@@ -53,3 +53,10 @@ class DensityConfig(BaseModel):
                              "request can wait for the reclaim)")
     ksm: bool = Field(True, description="container sandboxes' memory is merged by KSM "
                                         "(PR_SET_MEMORY_MERGE on their init; kernel >= 6.4)")
+    sysctls: dict[str, int] = Field(
+        default_factory=lambda: {"kernel.pid_max": 4194304},
+        description="host sysctls the node raises to at least these values (never lowers; "
+                    "puts back what it changed when it closes with no sandbox left). "
+                    "kernel.pid_max: every sandbox is at least one process, and the "
+                    "kernel's default 32768 counts the whole host's pids and threads; "
+                    "4194304 is the 64-bit maximum (systemd's default too)")

@@ -21,10 +21,21 @@ from dsec.node.density.idle import IDLE_KEY, IdleReclaimer
 from dsec.node.density.pressure import HostFigures, HostSampler
 from dsec.node.density.reclaimer import KEY, Reclaimer
 from dsec.node.density.swap import SwapManager, SwapStatus
+from dsec.node.host import cgroups
+from dsec.node.host.sysctl import HostLimits, raise_nofile
 
 __all__ = ["NodeDensity"]
 
 log = logging.getLogger("dsec.node.density")
+
+
+def _sandbox_cpu_ns() -> Callable[[], int | None] | None:
+    """The CPU every sandbox used so far (their parent cgroup, ``/dsec``: containers and
+    guests alike), or None where this process cannot read cgroups (not root)."""
+    if os.geteuid() != 0:
+        return None
+    driver = cgroups.detect()
+    return lambda: driver.cpu_usage_ns("/dsec")
 
 
 class NodeDensity:
@@ -34,21 +45,25 @@ class NodeDensity:
                  swap: SwapManager | None = None, sampler: HostSampler | None = None) -> None:
         self.config = config
         self.swap = swap or SwapManager(config.swap)
-        self.sampler = sampler or HostSampler()
+        self.sampler = sampler or HostSampler(sandbox_cpu_ns=_sandbox_cpu_ns())
         self.reclaimer = Reclaimer(config.reclaim_parallel, persist)
         self.idle = IdleReclaimer(config.idle_reclaim_s, config.idle_reclaim_interval_s,
                                   config.idle_reclaim_step_mb << 20,
                                   lambda rec, _step: self.plan(rec), persist)
         self.core = cpuclass.core_scheduling()
+        self.limits = HostLimits(config.sysctls)
         self.ksm_ok = False
         self._swap_status = SwapStatus()
         self._host: HostFigures | None = None
         self._host_at = 0.0
 
     async def open(self, backends: dict[str, Backend]) -> None:
-        """Set up swap (and KSM) when some backend can use them; as root only."""
+        """Raise host limits; set up swap (and KSM) when some backend can use them; as
+        root only."""
         if os.geteuid() != 0:
             return
+        raise_nofile()
+        await asyncio.to_thread(self.limits.ensure)
         if self.config.reclaim_on_pause and any(b.can_reclaim for b in backends.values()):
             mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             self._swap_status = await asyncio.to_thread(self.swap.ensure, mem)
@@ -68,6 +83,7 @@ class NodeDensity:
         await self.idle.close()
         await self.reclaimer.close()
         await asyncio.to_thread(self.swap.release, sandboxes_left)
+        await asyncio.to_thread(self.limits.release, sandboxes_left)
 
     # ---- pause and resume ----
     def plan(self, rec: SandboxRecord) -> ReclaimPlan:
