@@ -102,11 +102,11 @@ def cgroup_bytes(node: NodeService, ids: list[str]) -> int:
 
 
 async def round_(state: Path, reclaim: bool, cap: int, guard_mb: int, budget_s: float,
-                 idle_s: float, settle_s: float) -> dict:
+                 idle_s: float, settle_s: float, zram_mb: int) -> dict:
     density = DensityConfig(
         ksm=reclaim, reclaim_on_pause=reclaim,
         idle_reclaim_s=idle_s if reclaim else None, idle_reclaim_interval_s=1.0,
-        swap=SwapConfig(zram_mb=cap * (WS_MB + 8) if reclaim else 0))
+        swap=SwapConfig(zram_mb=min(zram_mb, cap * (WS_MB + 8)) if reclaim else 0))
     node = await NodeService.open(NodeConfig(state_dir=state, backends=["container"],
                                              density=density))
     ids: list[str] = []
@@ -176,7 +176,10 @@ def main() -> None:
         p.add_argument("--budget-s", type=float, default=480, help="filling time per round"),
         p.add_argument("--idle-s", type=float, default=20.0,
                        help="idle_reclaim_s of the reclaim round"),
-        p.add_argument("--settle-s", type=float, default=60.0)))
+        p.add_argument("--settle-s", type=float, default=60.0),
+        p.add_argument("--zram-mb", type=int, default=65536,
+                       help="the reclaim round's zram (what it holds uncompressed; its "
+                            "page table costs ~4 MiB of RAM per GiB)")))
     cap = 20 if args.quick else args.count
     load0 = common.load()
     old = (KSM / "pages_to_scan").read_text().strip()
@@ -185,9 +188,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="dsec-bench-") as tmp:
             ensure_debian_image(Path(tmp))
             base = asyncio.run(round_(Path(tmp), False, cap, args.guard_mb, args.budget_s,
-                                      args.idle_s, 10 if args.quick else 20))
+                                      args.idle_s, 10 if args.quick else 20, 0))
             new = asyncio.run(round_(Path(tmp), True, cap, args.guard_mb, args.budget_s,
-                                     args.idle_s, 20 if args.quick else args.settle_s))
+                                     args.idle_s, 20 if args.quick else args.settle_s,
+                                     args.zram_mb))
     finally:
         (KSM / "pages_to_scan").write_text(old)
     rows = []

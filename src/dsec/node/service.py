@@ -263,7 +263,8 @@ class NodeService:
                         memory_reserved_mb=recs.memory_mb + self._fncall_mb,
                         cpu_reserved=recs.cpu + 0.05 * self._fncalls,
                         memory_available_mb=host.memory_available_mb,
-                        swap_free_mb=host.swap_free_mb, cpu_used=host.cpu_used,
+                        swap_free_mb=host.swap_free_mb if host.swap_gain_mb is None
+                        else host.swap_gain_mb, cpu_used=host.cpu_used,
                         memory_pressure=host.memory_pressure, cpu_pressure=host.cpu_pressure,
                         sandbox_cpu_used=host.sandbox_cpu_used)
 

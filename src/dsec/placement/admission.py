@@ -31,7 +31,8 @@ class NodeLoad:
     cpu_reserved: float
     # Measured by the node; None when it does not measure (a simulated node, an old one).
     memory_available_mb: int | None = None  # MemAvailable
-    swap_free_mb: int | None = None
+    swap_free_mb: int | None = None         # what swap can still take off RAM (zram: its
+    #                                         free space times what compression saves)
     cpu_used: float | None = None           # cores busy over the last seconds
     memory_pressure: float | None = None    # PSI memory "full avg10", % of time
     cpu_pressure: float | None = None       # PSI cpu "some avg10", % of time
@@ -76,8 +77,8 @@ def pressure(load: NodeLoad, memory_mb: int, cpu: float,
         free = load.memory_available_mb + (load.swap_free_mb or 0)
         if free < policy.min_free_mb:
             return (f"node {load.node_id} is short of memory: {load.memory_available_mb} MiB "
-                    f"available and {load.swap_free_mb or 0} MiB swap free, under the "
-                    f"{policy.min_free_mb} MiB it keeps back")
+                    f"available and {load.swap_free_mb or 0} MiB more that swap could "
+                    f"free, under the {policy.min_free_mb} MiB it keeps back")
     if load.memory_reserved_mb + memory_mb * count > load.memory_mb and \
             (load.memory_pressure or 0.0) > policy.max_memory_pressure:
         return (f"node {load.node_id} is under memory pressure: its tasks all stalled on "

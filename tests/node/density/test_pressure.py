@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from dsec.node.density.pressure import HostSampler
+from dsec.node.density.pressure import HostSampler, swap_gain
 
 MEMINFO = "MemTotal: 24000000 kB\nMemAvailable: 20480000 kB\nSwapTotal: 1048576 kB\n" \
           "SwapFree: 524288 kB\n"
@@ -35,3 +35,32 @@ def test_without_a_counter_there_is_no_sandbox_figure(tmp_path):
     s = HostSampler(_proc(tmp_path, 100, 100), min_interval_s=0.0)
     s.sample()
     assert s.sample().sandbox_cpu_used is None
+
+
+SWAPS = ("Filename\tType\tSize\tUsed\tPriority\n"
+         "/dev/zram0                              partition\t1048576\t262144\t100\n"
+         "/var/swapfile                           file\t524288\t0\t-2\n")
+
+
+def test_zram_free_space_counts_at_what_compression_saves():
+    # 768 MiB of zram free; it holds 256 MiB in 64 MiB of RAM: 3/4 saved -> 576 MiB, plus
+    # the swap file's 512 MiB free, whole
+    stat = {"zram0": f"{256 << 20} {60 << 20} {64 << 20} 0 {64 << 20} 0 0 0"}
+    assert swap_gain(SWAPS, stat.get) == (576 + 512) << 20
+
+
+def test_an_empty_or_incompressible_zram_gives_nothing():
+    assert swap_gain(SWAPS, {"zram0": "0 0 0 0 0 0 0 0"}.get) == 512 << 20
+    full = {"zram0": f"{256 << 20} {256 << 20} {260 << 20} 0 0 0 0 0"}
+    assert swap_gain(SWAPS, full.get) == 512 << 20
+    assert swap_gain("Filename\tType\tSize\tUsed\tPriority\n", full.get) == 0
+
+
+def test_the_sampler_reports_the_gain_from_proc_swaps_and_sys(tmp_path):
+    (tmp_path / "proc").mkdir()
+    proc = _proc(tmp_path / "proc", 1, 1)
+    (proc / "swaps").write_text(SWAPS)
+    (tmp_path / "sys/block/zram0").mkdir(parents=True)
+    (tmp_path / "sys/block/zram0/mm_stat").write_text(f"{256 << 20} 1 {64 << 20} 0 0 0 0 0\n")
+    figures = HostSampler(proc, sys=tmp_path / "sys").sample()
+    assert figures.swap_gain_mb == 576 + 512 and figures.swap_free_mb == 512

@@ -7,6 +7,13 @@ cores the sandboxes themselves keep busy come from their parent cgroup's CPU cou
 (``sandbox_cpu_ns``): that, not the host's figure, is what admission's CPU guard asks,
 since a burst of creates keeps the cores busy with the node's own work (runc) while the
 sandboxes it made sit idle: a 10,000-sandbox fill was refused at 900 on the host figure.
+
+Swap free is not memory free when the swap is zram: a page pushed there still costs its
+compressed size in RAM. ``swap_gain_mb`` is what swap can still give back: a disk swap's
+free space, and a zram's free space times the share compression saves (measured from its
+``mm_stat``; nothing while it holds nothing, as incompressible data would save nothing).
+Admission adds that, not ``swap_free_mb``, to MemAvailable: a 12 GiB zram would otherwise
+let the node admit until RAM itself ran out.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostFigures", "HostSampler", "meminfo", "psi"]
+__all__ = ["HostFigures", "HostSampler", "meminfo", "psi", "swap_gain"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class HostFigures:
     memory_some: float | None       # PSI memory some avg10 (%)
     cpu_pressure: float | None      # PSI cpu some avg10 (%)
     sandbox_cpu_used: float | None = None  # cores the sandboxes keep busy, same window
+    swap_gain_mb: int | None = None        # memory swap can still give back (see above)
 
 
 def meminfo(text: str) -> dict[str, int]:
@@ -52,6 +60,26 @@ def psi(text: str, kind: str = "some") -> float | None:
     return None
 
 
+def swap_gain(swaps: str, zram_mm_stat: Callable[[str], str]) -> int:
+    """Bytes swap can still take off RAM: ``swaps`` is /proc/swaps, ``zram_mm_stat(name)``
+    a zram device's mm_stat (orig_data_size compr_data_size mem_used_total ...)."""
+    gain = 0
+    for line in swaps.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 4 or not parts[2].isdigit() or not parts[3].isdigit():
+            continue
+        free = (int(parts[2]) - int(parts[3])) << 10
+        name = parts[0].rsplit("/", 1)[-1]
+        if not name.startswith("zram"):
+            gain += free
+            continue
+        stat = zram_mm_stat(name).split()
+        if len(stat) >= 3 and stat[0].isdigit() and int(stat[0]) > 0:
+            saved = max(0.0, 1.0 - int(stat[2]) / int(stat[0]))
+            gain += int(free * saved)
+    return gain
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
@@ -63,8 +91,10 @@ class HostSampler:
     """Samples the host; keep one per node (it remembers the last CPU sample)."""
 
     def __init__(self, proc: Path = Path("/proc"), min_interval_s: float = 0.5,
-                 sandbox_cpu_ns: Callable[[], int | None] | None = None) -> None:
+                 sandbox_cpu_ns: Callable[[], int | None] | None = None,
+                 sys: Path = Path("/sys")) -> None:
         self.proc = proc
+        self.sys = sys
         self.min_interval_s = min_interval_s
         self.sandbox_cpu_ns = sandbox_cpu_ns
         self._cpu: tuple[float, int, int] | None = None  # (when, busy, total) jiffies
@@ -109,4 +139,6 @@ class HostSampler:
             cpu_used=self._cpu_used(),
             memory_pressure=psi(mem_psi, "full"), memory_some=psi(mem_psi, "some"),
             cpu_pressure=psi(_read(self.proc / "pressure" / "cpu"), "some"),
-            sandbox_cpu_used=self._sandbox_cpu_used())
+            sandbox_cpu_used=self._sandbox_cpu_used(),
+            swap_gain_mb=swap_gain(_read(self.proc / "swaps"),
+                                   lambda n: _read(self.sys / "block" / n / "mm_stat")) >> 20)
