@@ -10,7 +10,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ORDER = ["exec", "hardening", "protected", "exec_load", "exec_memory", "create", "cluster",
-         "ray", "density", "density_pause", "density_latency", "density_ksm", "images_lazy",
+         "ray", "density", "density-10000", "density_count", "density_pause", "density_latency",
+         "density_ksm", "images_lazy",
          "images_memory", "images_cache", "images_build", "fncall", "trajectory", "jobs",
          "microvm", "guest_network", "registry", "registry_build"]
 
