@@ -131,8 +131,11 @@ async def test_the_loop_refreshes_in_the_background_and_on_a_reported_failure():
 
 
 async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_gone():
+    """A slow probe is no failure: the node that answers other requests stays healthy;
+    the one that answers nothing at all ages out after stale_after_s."""
     a, b = FakeNode("node-a"), FakeNode("node-b")
-    w = Watcher(FakeCluster([a, b]), timeout_s=0.05)
+    clock = Clock()
+    w = Watcher(FakeCluster([a, b]), timeout_s=0.05, stale_after_s=4.0, clock=clock)
     await w.refresh()
     for node in (a, b):
         node.answers = 0
@@ -144,10 +147,13 @@ async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_
     async def hung() -> NodeLoad:
         await asyncio.sleep(1)
     a.load, b.load = busy, hung
+    await w.refresh()
+    assert w.healthy("node-b") and w.view("node-b").failures == 0  # slow once: no verdict
     for _ in range(3):
+        clock.t += 2.0
         await w.refresh()
     assert w.healthy("node-a") and w.view("node-a").error.startswith("busy")
-    assert not w.healthy("node-b")
+    assert not w.healthy("node-b") and w.view("node-b").error.startswith("slow")
 
 
 async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():
@@ -176,3 +182,48 @@ async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():
     a.up = True
     await w.refresh()
     assert (a.aborts, a.revives) == (1, 1)
+
+
+async def _poll(cond, limit_s: float = 20.0) -> bool:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while not cond():
+        if loop.time() - t0 > limit_s:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_failed_requests_alone_never_mark_a_node_that_answers_its_probes():
+    """A node under load: requests to it time out on their connect, its probes answer."""
+    a = FakeNode("node-a")
+    w = Watcher(FakeCluster([a]), period_s=60.0)
+    await w.start()
+    try:
+        for _ in range(3):
+            first = a.calls
+            for _ in range(w.max_failures + 1):  # several requests in flight failed at once
+                w.report_failure("node-a", "ConnectTimeout")
+            assert w.healthy("node-a")  # none of them is a verdict...
+            assert await _poll(lambda: a.calls > first)  # ...the probe, sent at once, is
+            assert w.healthy("node-a") and w.view("node-a").failures == 0
+    finally:
+        await w.stop()
+
+
+async def test_a_dead_node_a_request_reported_is_marked_by_probes_retried_soon():
+    """Two probes in a row must fail; the second comes retry_s after the first, not a
+    whole period later."""
+    a = FakeNode("node-a")
+    w = Watcher(FakeCluster([a]), period_s=3600.0, retry_s=0.05)
+    await w.start()
+    try:
+        a.up = False
+        w.report_failure("node-a", "ConnectError")
+        assert await _poll(lambda: not w.healthy("node-a"))
+        assert w.view("node-a").failures == w.max_failures
+        a.up = True
+        w.report_failure("node-a", "ConnectError")  # a request tried it again
+        assert await _poll(lambda: w.healthy("node-a"))
+    finally:
+        await w.stop()

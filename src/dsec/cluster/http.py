@@ -2,8 +2,10 @@
 
 The node's API is the gateway app over that node alone, so each verb here is one request
 to the same route a user would call. Bodies stream both ways. Failures to reach the node
-become :class:`NodeLost` naming it (a short connect timeout, so a dead node is known in
-about a second). Keep-alive: this client drops an idle connection well before the node's
+become :class:`NodeLost` naming it (a short connect timeout; a dead node's port refuses at
+once). Such an error says whether the request was sent at all (``sent``): one that never
+left may be placed elsewhere. The load probe has no connect limit of its own: the
+watcher's budget bounds it, and the watcher, not one slow connect, decides liveness. Keep-alive: this client drops an idle connection well before the node's
 server would (``KEEPALIVE_S`` < the node's ``timeout_keep_alive``), so a request is never
 written onto a connection the node is closing; a request that may be repeated safely
 (GET, DELETE, the load probe) is retried once on a connection that turned out stale.
@@ -37,7 +39,9 @@ __all__ = ["HttpNodeClient", "KEEPALIVE_S", "NODE_KEEPALIVE_S", "load_to_wire"]
 
 KEEPALIVE_S = 4.0        # this client forgets an idle connection after this long...
 NODE_KEEPALIVE_S = 30.0  # ...well before a node's server closes one (uvicorn's setting)
-CONNECT_S = 1.0
+# Not 1 s: that is TCP's first SYN retransmission, and on a loaded machine a gateway's own
+# event loop can lag past it, so a 1 s limit failed connects to nodes that were fine.
+CONNECT_S = 3.0
 IDEMPOTENT = {"GET", "HEAD", "DELETE", "PUT"}
 STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
@@ -108,6 +112,7 @@ class HttpNodeClient:
         self._headers = {"authorization": f"Bearer {token}"}
         self._json_headers = {**self._headers, "content-type": "application/json"}
         self._timeout = httpx.Timeout(None, connect=CONNECT_S).as_dict()
+        self._probe_timeout = httpx.Timeout(None).as_dict()  # the watcher's budget bounds it
         self.http = httpx.AsyncClient(base_url=self.url, headers=self._headers,
                                       timeout=httpx.Timeout(None, connect=CONNECT_S),
                                       transport=self._transport)
@@ -129,17 +134,20 @@ class HttpNodeClient:
                        f"({type(exc).__name__}); its sandboxes are reachable again when it "
                        "comes back")
         err.node_id = self.node_id
+        # a failed connect sent nothing: the caller may try another node
+        err.sent = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
         return err
 
-    async def _send(self, method: str, path: str, stream: bool = False, **kw) -> httpx.Response:
+    async def _send(self, method: str, path: str, stream: bool = False,
+                    timeout: dict | None = None, **kw) -> httpx.Response:
         # Straight to the transport: the client's cookie, auth, redirect and URL-merging
         # layers cost about a fifth of the gateway's CPU per relayed request, and a node
         # answers none of them.
         kw.setdefault("headers", self._headers)
         if rid := REQUEST_ID.get():  # the node's log lines carry the gateway's request id
             kw["headers"] = {**kw["headers"], "x-request-id": rid}
-        req = httpx.Request(method, self.url + path, extensions={"timeout": self._timeout},
-                            **kw)
+        req = httpx.Request(method, self.url + path,
+                            extensions={"timeout": timeout or self._timeout}, **kw)
         if (scope := caller_scope.get()) is not None:  # the node enforces the caller's
             req.headers[SCOPE_HEADER] = scope            # project, as the gateway's own does
         for attempt in (0, 1):
@@ -198,7 +206,8 @@ class HttpNodeClient:
 
     # ---- the node ----
     async def load(self) -> NodeLoad:
-        for d in await self._json("GET", "/v1/nodes/load"):
+        """The node's own load. No connect limit: the watcher's probe budget bounds it."""
+        for d in await self._json("GET", "/v1/nodes/load", timeout=self._probe_timeout):
             if d["node_id"] == self.node_id:
                 return _load_from_wire(d)
         raise NodeLost(f"node at {self.url} answered without its own load ({self.node_id})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from dsec.api.errors import Capacity, DSecError
+from dsec.api.errors import Capacity, DSecError, NodeLost
 from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxList, SandboxSpec
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
@@ -28,9 +28,17 @@ def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
     return ok, [c.node_id for c in down]
 
 
+def unsent(exc: BaseException) -> bool:
+    """A node's failure that left the request unsent (its connect failed): safe to place
+    elsewhere, since that node made nothing."""
+    return isinstance(exc, NodeLost) and getattr(exc, "sent", True) is False
+
+
 async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
     """One sandbox, on the node placement picks; a node that refuses (its admission has
-    the last word) is skipped and the next choice tried."""
+    the last word), or could not be reached to be asked, is skipped and the next choice
+    tried. Not the second with an idempotency key: a retry of it asks the key's node, so
+    the sandbox must be there or nowhere."""
     tried: list[str] = []
     while True:
         client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
@@ -38,10 +46,16 @@ async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
         try:
             return await client.create(spec)
         except Capacity:
-            tried.append(client.node_id)
             metrics.RETRIES.labels("refused").inc()
-            if len(tried) >= len(gw.cluster.clients()):
+            if len(tried) + 1 >= len(gw.cluster.clients()):
                 raise
+        except NodeLost as exc:
+            if not unsent(exc) or spec.request_id is not None \
+                    or len(tried) + 1 >= len(gw.cluster.clients()):
+                raise
+            gw.watcher.report_failure(client.node_id, str(exc))
+            metrics.RETRIES.labels("unreachable").inc()
+        tried.append(client.node_id)
 
 
 async def list_all(gw, job: str | None = None, labels: dict[str, str] | None = None,
@@ -125,10 +139,13 @@ async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], l
         again: list[int] = []
         for (client, first, n), res in zip(jobs, results):
             idx = range(first, first + n)
-            if isinstance(res, Capacity):
-                refused.add(client.node_id)
+            if isinstance(res, Capacity) or unsent(res):  # the items are made by a
+                refused.add(client.node_id)              # retry key, so no orphan either
                 again.extend(idx)
-                metrics.RETRIES.labels("refused").inc()
+                metrics.RETRIES.labels("refused" if isinstance(res, Capacity)
+                                       else "unreachable").inc()
+                if unsent(res):
+                    gw.watcher.report_failure(client.node_id, str(res))
             elif isinstance(res, DSecError):
                 errors += [f"item {i}: {res.code}: {res}" for i in idx]
             elif isinstance(res, BaseException):

@@ -4,8 +4,16 @@ Placement reads this snapshot and never asks every node per request (at 160 node
 5,000 creations a second that would be 800,000 calls a second). Each node's load is
 fetched every ``period_s``, and again at once when a request to that node fails (the
 node "reports a change" by failing). A node whose last good answer is older than
-``stale_after_s``, or that failed ``max_failures`` refreshes in a row, is unhealthy: it
+``stale_after_s``, or that failed ``max_failures`` probes in a row, is unhealthy: it
 gets no placements and requests for its sandboxes fail fast with :class:`NodeLost`.
+
+Only the probes decide: a request that failed (one slow connect to a node busy with a
+burst) has the node probed now, and a failed probe is repeated after ``retry_s``, but
+the request itself counts for nothing. A probe that fails (refused, garbage, a wrong
+token, another node's load) counts; one that is merely slow (no answer within its
+``timeout_s``) does not: the node ages instead, unless it answered other requests since
+the last probe. An overloaded node is so not a lost one; a dead one refuses two probes
+within a fraction of a second, and a hung one is silent past ``stale_after_s``.
 
 The rules are the pure :func:`health` and :class:`Pending`; the loop is the only I/O.
 """
@@ -87,9 +95,9 @@ class Watcher:
 
     def __init__(self, cluster: Cluster, period_s: float = 1.0, stale_after_s: float = 4.0,
                  timeout_s: float = 2.0, max_failures: int = 2, abort_after_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
-        self.period_s, self.stale_after_s = period_s, stale_after_s
+        self.period_s, self.stale_after_s, self.retry_s = period_s, stale_after_s, retry_s
         self.timeout_s, self.max_failures = timeout_s, max_failures
         self.abort_after_s = abort_after_s
         self.clock = clock
@@ -100,6 +108,8 @@ class Watcher:
         self._healthy_until = 0.0
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self._suspects: set[str] = set()  # to probe before the next full refresh
+        self._answers: dict[str, int | None] = {}  # each client's answer count at its probe
 
     # ---- reading the snapshot (no I/O) ----
     def healthy(self, node_id: str) -> bool:
@@ -153,14 +163,11 @@ class Watcher:
         self._healthy = None
 
     def report_failure(self, node_id: str, error: str) -> None:
-        """A request to the node failed: count it and refresh now, not at the next tick."""
-        view = self.views.get(node_id)
-        if view is not None:
-            was = self.healthy(node_id)
-            self._put(replace(view, failures=view.failures + 1, error=error))
-            if (client := self._clients.get(node_id)) is not None:
-                self._changed(client, was)
-        self._wake.set()
+        """A request to the node failed: probe it now, not at the next tick. The failure
+        itself is no verdict (a request's connect may be slow under load); the probe is."""
+        if node_id in self.views:
+            self._suspects.add(node_id)
+            self._wake.set()
 
     async def refresh(self) -> None:
         clients = self.cluster.clients()
@@ -168,6 +175,15 @@ class Watcher:
         for gone in set(self.views) - set(self._clients):
             self.views.pop(gone, None)
             self._healthy = None
+        await asyncio.gather(*(self._refresh_one(c) for c in clients))
+
+    async def recheck(self) -> None:
+        """Probe now the nodes a request reported and those whose last probe failed
+        (not yet ``max_failures`` times): a dead node is marked in about ``retry_s``."""
+        ids = self._suspects | {k for k, v in self.views.items() if 0 < v.failures
+                                < self.max_failures}
+        self._suspects = set()
+        clients = [c for k in ids if (c := self._clients.get(k)) is not None]
         await asyncio.gather(*(self._refresh_one(c) for c in clients))
 
     async def _refresh_one(self, client: NodeClient) -> None:
@@ -197,22 +213,29 @@ class Watcher:
         view = self.views.get(client.node_id) or NodeView(
             client.node_id, client.short, in_process=getattr(client, "in_process", False))
         answers = getattr(client, "answers", None)
+        before = self._answers.get(client.node_id)
+        before = answers if before is None else before
         try:
             load = await asyncio.wait_for(client.load(), self.timeout_s)
+        except asyncio.TimeoutError:
+            # Slow is not gone, and no verdict by itself: a node busy with its share of a
+            # large batch (or a gateway whose own loop lags) looks the same for a while.
+            # A node that answered anything since the last probe was heard from now; one
+            # that did not ages, and is unhealthy once silent for stale_after_s. Its last
+            # load plus this gateway's pending placements stand in meanwhile.
+            heard = answers is not None and client.answers > before and view.load is not None
+            self._answers[client.node_id] = getattr(client, "answers", None)
+            why = f"no load answer within {self.timeout_s:g} s"
+            self._put(replace(view, seen_at=self.clock() if heard else view.seen_at,
+                              error=f"busy: {why}" if heard else f"slow: {why}"))
+            return
         except Exception as exc:  # noqa: BLE001 - any failure makes the node suspect
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if isinstance(exc, asyncio.TimeoutError) and answers is not None \
-                    and client.answers > answers and view.load is not None:
-                # Slow, not gone: it answered other requests meanwhile (a node busy with
-                # its share of a large batch). Marking it would send its share of every
-                # placement to the others; its last load plus this gateway's pending
-                # placements stand in until a probe comes back.
-                self._put(replace(view, seen_at=started, error=f"busy: {why}"))
-                return
             if view.failures == 0:
                 log.warning("node %s did not answer: %s", client.node_id, why)
             self._put(replace(view, failures=view.failures + 1, error=why))
             return
+        self._answers[client.node_id] = getattr(client, "answers", None)
         if not isinstance(load, NodeLoad) or load.node_id != client.node_id:
             self._put(replace(
                 view, failures=self.max_failures, error="answered with another node's load"))
@@ -223,14 +246,26 @@ class Watcher:
                           error=None))
         self.pending.seen(client.node_id, started)
 
+    def _retrying(self) -> bool:
+        return any(0 < v.failures < self.max_failures for v in self.views.values())
+
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_full = loop.time() + self.period_s
         while True:
+            wait = next_full - loop.time()
+            if self._retrying():
+                wait = min(wait, self.retry_s)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s)
+                await asyncio.wait_for(self._wake.wait(), max(wait, 0.0))
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
             try:
-                await self.refresh()
+                if loop.time() >= next_full:
+                    await self.refresh()
+                    next_full = loop.time() + self.period_s
+                else:
+                    await self.recheck()
             except Exception:  # noqa: BLE001 - the watcher must outlive any one refresh
                 log.exception("watcher refresh failed")
