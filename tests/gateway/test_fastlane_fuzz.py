@@ -204,6 +204,30 @@ def _variants(kw: dict) -> list[dict]:
             {**rest, "data": raw, "headers": bare}]
 
 
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _timeless(body, path: str) -> None:
+    """Take wall-clock time out of what the two sides decide: the two get each request
+    a moment apart, so a rate quota's bucket, a short job lease or a sandbox's short
+    timeout could run out on one side only."""
+    if isinstance(body, list):
+        for x in body:
+            _timeless(x, path)
+    if not isinstance(body, dict):
+        return
+    for k, v in list(body.items()):
+        if k == "creations_per_s":
+            body[k] = None
+        elif k in ("lease_s", "stop_after_s") and _num(v):
+            body[k] = max(v, 600)
+        elif k == "timeout_s" and path.endswith("/timeout") and _num(v):
+            body[k] = max(v, 600)
+        else:
+            _timeless(v, path)
+
+
 def _fuzz(pair, operations, modes, examples: int, variants: bool = False) -> list[str]:
     failures: list[str] = []
     for op in operations:
@@ -216,6 +240,7 @@ def _fuzz(pair, operations, modes, examples: int, variants: bool = False) -> lis
                 if isinstance(params.get("sb_id"), str):  # aim at a live sandbox each side
                     params["sb_id"] = "SANDBOX"
                 body = case.body  # a create that waits for room waits wait_s: not here
+                _timeless(body, case.path)
                 if case.path == "/v1/sandboxes/batch" and isinstance(body, dict) \
                         and isinstance(body.get("count"), int):
                     body["count"] = min(body["count"], 2)  # room is not the question here
