@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from dsec.node.backends.base import ReclaimPlan
-from dsec.node.density.reclaim import reclaim_cgroup, restore_cgroup
+from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.host.cgroups import MemoryStat
 
 MiB = 1 << 20
@@ -40,7 +42,10 @@ class Kernel:
         drop = min(need, self.cache)
         self.cache -= drop
         need -= drop
-        out = min(need, self.swappable, self.allowance - self.swapped)
+        # v2's memory.swap.max caps swap; v1's memsw caps memory + swap, which a swap-out
+        # leaves as it was: nothing stops it but the node's own swap running out.
+        room = self.allowance - self.swapped if self.version == 2 else self.swappable
+        out = min(need, self.swappable, room)
         self.swappable -= out
         self.swapped += out
         return self.memory_bytes("") <= target
@@ -59,6 +64,12 @@ class Kernel:
         self.writes.append(("swap", swap))
         self.allowance = swap
         return True
+
+    def memory_pressure(self, rel):
+        return None
+
+    def cpu_usage_ns(self, rel):
+        return 0
 
     def reclaim(self, rel, nbytes):
         assert self.version == 2
@@ -84,11 +95,22 @@ def test_v1_everything_goes_when_nothing_is_pinned():
     assert r.complete and r.note == "" and r.after_bytes <= MiB
 
 
-def test_a_full_swap_allowance_is_named():
-    k = Kernel(pinned=0)
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_full_swap_allowance_is_named_and_never_exceeded(version):
+    k = Kernel(version=version, pinned=0)
     r = reclaim_cgroup(k, "/x", 256 * MiB, plan(swap=10 * MiB))
     assert r.swapped_bytes == 10 * MiB and not r.complete
     assert "swap allowance (10 MiB) is full" in r.note
+    assert k.limit == 256 * MiB
+
+
+def test_v1_idle_steps_stop_at_the_swap_allowance():
+    k = Kernel(cache=0, pinned=0)
+    for _ in range(10):
+        r = reclaim_running(k, "/x", 256 * MiB, plan(swap=20 * MiB, step=8 * MiB))
+    assert r.swapped_bytes == 20 * MiB and r.freed_bytes == 0
+    assert "swap allowance (20 MiB) is full" in r.note
+    assert k.limit == 256 * MiB
 
 
 def test_cancel_stops_before_the_next_step_and_restores():

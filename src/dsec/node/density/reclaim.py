@@ -2,7 +2,8 @@
 
 v2: allow swap (``memory.swap.max``), then ask ``memory.reclaim`` for a step at a time.
 v1: raise ``memory.memsw.limit_in_bytes`` by the swap allowance, then lower
-``memory.limit_in_bytes`` a step at a time (the writing thread reclaims, swapping anon and
+``memory.limit_in_bytes`` a step at a time (no step larger than the allowance has room for:
+memsw caps memory + swap, never swap alone) (the writing thread reclaims, swapping anon and
 tmpfs pages, dropping page cache) until the kernel refuses, then restore the limit at once
 (frozen tasks cannot grow back). Undo: forbid swap again (memory + swap may hold what it
 held) and read back what was swapped (:mod:`.prefetch`). A step is the most a resume that
@@ -62,7 +63,14 @@ def _steps_v1(driver: CgroupDriver, rel: str, memory_limit: int, plan: ReclaimPl
             cur = driver.memory_bytes(rel)
             if cur <= FLOOR:
                 return ""
-            if driver.set_memory_limit(rel, max(FLOOR, cur - step)):
+            # v1 caps memory + swap, and a page swapped out moves its charge from one to
+            # the other: memsw never stops a swap-out. Swap is capped here instead: no
+            # step asks for more than the allowance has room for.
+            # (No allowance: the node has no swap, so nothing can go there.)
+            room = plan.swap_bytes - driver.memory_stat(rel).swap if plan.swap_bytes else step
+            if room < MIN_STEP:
+                return "stuck"
+            if driver.set_memory_limit(rel, max(FLOOR, cur - min(step, room))):
                 misses = 0
                 continue
             # Refused: the kernel gave up after its retries. Progress made meanwhile (or
@@ -93,6 +101,11 @@ def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
     note = "" if driver.set_swap(rel, memory_limit, plan.swap_bytes) else \
         "the kernel refused the swap allowance; page cache only"
     ask = min(plan.step_bytes, before - FLOOR)
+    if driver.version == 1 and plan.swap_bytes:  # v1 does not cap swap: see _steps_v1
+        swapped = driver.memory_stat(rel).swap
+        if plan.swap_bytes - swapped < MIN_STEP:
+            ask, note = 0, note or _why_stuck(swapped, plan.swap_bytes)
+        ask = min(ask, plan.swap_bytes - swapped)
     if ask > 0 and not plan.cancelled():
         if driver.version == 2:
             driver.reclaim(rel, ask)
