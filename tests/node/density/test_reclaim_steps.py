@@ -26,6 +26,7 @@ class Kernel:
     limit: int = 256 * MiB
     allowance: int = 0
     swapped: int = 0
+    swappiness: int = 60
     writes: list = field(default_factory=list)
 
     def memory_bytes(self, rel):
@@ -44,7 +45,9 @@ class Kernel:
         need -= drop
         # v2's memory.swap.max caps swap; v1's memsw caps memory + swap, which a swap-out
         # leaves as it was: nothing stops it but the node's own swap running out.
-        room = self.allowance - self.swapped if self.version == 2 else self.swappable
+        # (v1's swappiness 0 keeps the cgroup's own reclaim off swap.)
+        room = self.allowance - self.swapped if self.version == 2 else \
+            self.swappable if self.swappiness else 0
         out = min(need, self.swappable, room)
         self.swappable -= out
         self.swapped += out
@@ -64,6 +67,11 @@ class Kernel:
         self.writes.append(("swap", swap))
         self.allowance = swap
         return True
+
+    def set_swappiness(self, rel, value):
+        self.writes.append(("swappiness", value))
+        old, self.swappiness = self.swappiness, value
+        return old
 
     def memory_pressure(self, rel):
         return None
@@ -101,7 +109,15 @@ def test_a_full_swap_allowance_is_named_and_never_exceeded(version):
     r = reclaim_cgroup(k, "/x", 256 * MiB, plan(swap=10 * MiB))
     assert r.swapped_bytes == 10 * MiB and not r.complete
     assert "swap allowance (10 MiB) is full" in r.note
-    assert k.limit == 256 * MiB
+    assert k.limit == 256 * MiB and k.swappiness == 60
+    assert k.cache == 0  # with swap full, page cache still went
+
+
+def test_v1_with_no_swap_drops_page_cache_and_swaps_nothing():
+    k = Kernel()
+    r = reclaim_cgroup(k, "/x", 256 * MiB, plan(swap=0))
+    assert r.swapped_bytes == 0 and k.cache == 0 and k.swappable == 60 * MiB
+    assert "no swap" in r.note and k.swappiness == 60
 
 
 def test_v1_idle_steps_stop_at_the_swap_allowance():
@@ -130,5 +146,7 @@ def test_v2_asks_memory_reclaim_and_never_touches_the_limit():
 
 def test_restore_forbids_swap_again_and_fixes_a_lowered_limit():
     k = Kernel(limit=8 * MiB)  # a node died mid-reclaim
+    k.swappiness = 0  # ... after closing swap to it
     assert restore_cgroup(k, "/x", 256 * MiB)
     assert k.limit == 256 * MiB and k.writes[-1] == ("swap", 0)
+    assert k.swappiness == int(open("/proc/sys/vm/swappiness").read())

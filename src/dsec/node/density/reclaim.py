@@ -13,6 +13,7 @@ arrives mid-reclaim waits for.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from dsec.node.backends.base import Reclaim, ReclaimPlan
 from dsec.node.host.cgroups import CgroupDriver
@@ -56,21 +57,30 @@ def _steps_v2(driver: CgroupDriver, rel: str, plan: ReclaimPlan) -> str:
 
 def _steps_v1(driver: CgroupDriver, rel: str, memory_limit: int, plan: ReclaimPlan) -> str:
     step, misses = plan.step_bytes, 0
+    closed: int | None = None  # the cgroup's swappiness, once swap is closed to it
+    full = ""                  # why swap was closed
     try:
         while True:
             if plan.cancelled():
                 return "cancelled"
             cur = driver.memory_bytes(rel)
             if cur <= FLOOR:
-                return ""
+                return full
             # v1 caps memory + swap, and a page swapped out moves its charge from one to
-            # the other: memsw never stops a swap-out. Swap is capped here instead: no
-            # step asks for more than the allowance has room for.
-            # (No allowance: the node has no swap, so nothing can go there.)
-            room = plan.swap_bytes - driver.memory_stat(rel).swap if plan.swap_bytes else step
-            if room < MIN_STEP:
-                return "stuck"
-            if driver.set_memory_limit(rel, max(FLOOR, cur - min(step, room))):
+            # the other: memsw never stops a swap-out. So no step asks for more than the
+            # allowance has room for, and once it has none, swap is closed to the cgroup's
+            # own reclaim (swappiness 0; page cache still goes).
+            if not full:
+                room = plan.swap_bytes - driver.memory_stat(rel).swap
+                if room >= MIN_STEP:
+                    step = min(step, room)
+                else:
+                    full = _full(plan.swap_bytes)
+                    closed = driver.set_swappiness(rel, 0)
+                    if closed is None:  # no such knob: stop before anything swaps more
+                        return full
+                    step = plan.step_bytes
+            if driver.set_memory_limit(rel, max(FLOOR, cur - step)):
                 misses = 0
                 continue
             # Refused: the kernel gave up after its retries. Progress made meanwhile (or
@@ -83,10 +93,18 @@ def _steps_v1(driver: CgroupDriver, rel: str, memory_limit: int, plan: ReclaimPl
                 continue
             misses += 1
             if misses >= 5:
-                return "stuck"
+                return full or "stuck"
             time.sleep(0.01)  # pages just written to swap are freed once their I/O ends
     finally:
+        if closed is not None:  # before the limit: a crash leaves a lowered limit to see
+            driver.set_swappiness(rel, closed)
         driver.set_memory_limit(rel, memory_limit)
+
+
+def _full(allowance: int) -> str:
+    if not allowance:
+        return "the node has no swap; page cache only"
+    return f"its swap allowance ({allowance >> 20} MiB) is full"
 
 
 def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
@@ -102,10 +120,10 @@ def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
         "the kernel refused the swap allowance; page cache only"
     ask = min(plan.step_bytes, before - FLOOR)
     if driver.version == 1 and plan.swap_bytes:  # v1 does not cap swap: see _steps_v1
-        swapped = driver.memory_stat(rel).swap
-        if plan.swap_bytes - swapped < MIN_STEP:
-            ask, note = 0, note or _why_stuck(swapped, plan.swap_bytes)
-        ask = min(ask, plan.swap_bytes - swapped)
+        room = plan.swap_bytes - driver.memory_stat(rel).swap
+        if room < MIN_STEP:
+            ask, note = 0, note or _full(plan.swap_bytes)
+        ask = min(ask, room)
     if ask > 0 and not plan.cancelled():
         if driver.version == 2:
             driver.reclaim(rel, ask)
@@ -123,7 +141,7 @@ def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
 
 def _why_stuck(swapped: int, allowance: int) -> str:
     if allowance and swapped >= allowance - (1 << 20):
-        return f"its swap allowance ({allowance >> 20} MiB) is full"
+        return _full(allowance)
     return "the rest is not reclaimable now (kernel memory, or the node's swap is full)"
 
 
@@ -131,5 +149,15 @@ def restore_cgroup(driver: CgroupDriver, rel: str, memory_limit: int) -> bool:
     """Limits back as when running: memory as set, no swap. False if the kernel refused to
     forbid swap again (left allowed; the sandbox then may keep its swapped pages)."""
     if driver.version == 1 and driver.memory_limit(rel) != memory_limit:
-        driver.set_memory_limit(rel, memory_limit)  # a reclaim cut short by a node crash
+        # a reclaim cut short by a node crash: it may have closed swap to the cgroup too
+        driver.set_swappiness(rel, _host_swappiness())
+        driver.set_memory_limit(rel, memory_limit)
     return driver.set_swap(rel, memory_limit, 0)
+
+
+def _host_swappiness(path: Path = Path("/proc/sys/vm/swappiness")) -> int:
+    """What a new cgroup starts with (v1 cgroups inherit the root's, which is this)."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 60  # the kernel's default

@@ -123,6 +123,12 @@ class CgroupDriver:
         ``swap=0`` forbids swapping (runc's setting). False when refused as too low."""
         raise NotImplementedError
 
+    def set_swappiness(self, rel: str, value: int) -> int | None:
+        """v1: the cgroup's ``memory.swappiness`` (0: its own reclaim never swaps, page
+        cache only); returns the value it had, None where there is no such knob (v2,
+        whose ``memory.swap.max`` caps swap itself)."""
+        return None
+
     def reclaim(self, rel: str, nbytes: int) -> bool:
         """Ask the kernel to push ``nbytes`` of the cgroup's memory out (v2
         ``memory.reclaim``); False when it could not. v1 has no such knob: lower the
@@ -241,6 +247,15 @@ class CgroupV1(CgroupDriver):
         # v1 has no swap knob: memsw is memory + swap together, never below memory.
         return _write(self._dir("memory", rel) / "memory.memsw.limit_in_bytes",
                       str(memory + swap))
+
+    def set_swappiness(self, rel: str, value: int) -> int | None:
+        f = self._dir("memory", rel) / "memory.swappiness"
+        try:
+            old = int(f.read_text())
+            f.write_text(str(value))
+        except (OSError, ValueError):
+            return None
+        return old
 
     def reclaim(self, rel: str, nbytes: int) -> bool:
         raise NotImplementedError("cgroup v1 has no memory.reclaim; lower the limit")
