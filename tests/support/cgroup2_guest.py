@@ -22,10 +22,12 @@ Exit status: pytest's inside the guest; 3 when the guest never reported one.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,6 +187,11 @@ def qemu_argv(kernel: Path, initrd: Path, out: Path, memory_mb: int, vcpus: int,
             "-device", "virtio-rng-device"]
 
 
+def _die_with_parent() -> None:
+    """In QEMU's child before exec: SIGKILL when this process dies (even by SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def run(pytest_args: list[str], memory_mb: int = 3072, vcpus: int = 2, accel: str = "tcg",
         timeout_s: float = 1800.0) -> int:
     """Boot the guest, run pytest in it, return its exit status (3: none reported)."""
@@ -199,12 +206,14 @@ def run(pytest_args: list[str], memory_mb: int = 3072, vcpus: int = 2, accel: st
         print(f"cgroup2-guest: booting kernel {kver} ({accel}, {vcpus} vCPUs, "
               f"{memory_mb} MiB)", flush=True)
         start = time.monotonic()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             print(f"cgroup2-guest: no result after {timeout_s:.0f}s; stopping the guest")
-            proc.kill()
+        finally:  # timed out, interrupted, or done: no QEMU outlives this run
+            if proc.poll() is None:
+                proc.kill()
             proc.wait()
         rc_file = out / "rc"
         rc = int(rc_file.read_text()) if rc_file.exists() else 3
