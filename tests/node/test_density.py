@@ -187,7 +187,9 @@ async def test_an_idle_sandbox_gives_memory_back_while_running_and_a_busy_one_ke
     assert info.memory_reclaimed_mb >= 30 and info.memory_used_mb < held - 30, (held, info)
     busy = await node.get(busy_id)
     assert busy.reclaim is None and busy.memory_reclaimed_mb is None, busy
-    assert detect().memory_stat(f"/dsec/{busy_id}").swap == 0
+    # The node's own swap-out of the busy one would be a step of several MiB; the host's
+    # memory pressure (other work on a shared machine) may still swap out a few pages.
+    assert detect().memory_stat(f"/dsec/{busy_id}").swap < 4 * 2**20
     await intact(node, idle_id, md5, init)
 
 
