@@ -16,7 +16,7 @@ import posixpath
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import Forbidden, NotFound
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
@@ -27,6 +27,7 @@ from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
 from dsec.cluster.base import node_short_of
 from dsec.node.config import NodeConfig
 from dsec.node.network import audit_records, network_status, set_network
+from dsec.node.protected import covering
 from dsec.node.service import NodeService
 from dsec.placement.admission import NodeLoad
 from dsec.rl import jobs as joblib
@@ -222,19 +223,22 @@ class LocalNodeClient:
         return _AgentPty(await self.node.pty(sb_id, None, rows, cols))
 
     # ---- files ----
-    async def _ops(self, sb_id: str):
-        return await self.node.files(sb_id)
+    async def _ops(self, sb_id: str, grading: bool):
+        return await self.node.files(sb_id, grading)
 
-    async def file_read(self, sb_id: str, path: str) -> _HostFile:
-        ops = await self._ops(sb_id)
+    async def file_read(self, sb_id: str, path: str, grading: bool = False) -> _HostFile:
+        ops = await self._ops(sb_id, grading)
         return _HostFile(await asyncio.to_thread(ops.open_read, path))
 
     async def file_write(self, sb_id: str, path: str, mode: int,
-                         body: AsyncIterator[bytes]) -> FileInfo:
-        ops = await self._ops(sb_id)
+                         body: AsyncIterator[bytes], grading: bool = False) -> FileInfo:
+        ops = await self._ops(sb_id, grading)
         parent = posixpath.dirname(posixpath.normpath("/" + path))
         if parent != "/":  # like `install -D`: missing parent directories are created
-            await asyncio.to_thread(ops.mkdir, parent, True)
+            try:
+                await asyncio.to_thread(ops.mkdir, parent, True)
+            except Forbidden as exc:  # name the file asked for, not only its directory
+                raise Forbidden(f"{path}: {exc.message}") from exc
         f = await asyncio.to_thread(ops.open_write, path, mode & 0o777)
         tap = FileWriteTap(path, mode & 0o777)
         try:
@@ -244,29 +248,41 @@ class LocalNodeClient:
         finally:
             await asyncio.to_thread(f.close)
         info = await asyncio.to_thread(ops.stat, path)
-        self.node.trajectory.record_write(sb_id, tap, info)
+        if not self._protected(sb_id, path):  # a viewer reads the trajectory
+            self.node.trajectory.record_write(sb_id, tap, info)
         return info
 
-    async def file_stat(self, sb_id: str, path: str) -> FileInfo:
-        return await asyncio.to_thread((await self._ops(sb_id)).stat, path)
+    def _protected(self, sb_id: str, path: str) -> bool:
+        """Whether ``path`` names a protected path (what only the grader writes): its
+        bytes stay out of the trajectory log, which every token of the project reads."""
+        protected = self.node.protected_paths(sb_id)
+        where = posixpath.normpath("/" + path.lstrip("/"))  # normpath keeps a leading "//"
+        return bool(protected) and covering(protected, where) is not None
 
-    async def file_list(self, sb_id: str, path: str) -> list[FileInfo]:
-        return await asyncio.to_thread((await self._ops(sb_id)).list, path)
+    async def file_stat(self, sb_id: str, path: str, grading: bool = False) -> FileInfo:
+        return await asyncio.to_thread((await self._ops(sb_id, grading)).stat, path)
 
-    async def file_mkdir(self, sb_id: str, path: str, parents: bool) -> FileInfo:
-        ops = await self._ops(sb_id)
+    async def file_list(self, sb_id: str, path: str, grading: bool = False) -> list[FileInfo]:
+        return await asyncio.to_thread((await self._ops(sb_id, grading)).list, path)
+
+    async def file_mkdir(self, sb_id: str, path: str, parents: bool,
+                         grading: bool = False) -> FileInfo:
+        ops = await self._ops(sb_id, grading)
         await asyncio.to_thread(ops.mkdir, path, parents)
         return await asyncio.to_thread(ops.stat, path)
 
-    async def file_remove(self, sb_id: str, path: str, recursive: bool) -> None:
-        await asyncio.to_thread((await self._ops(sb_id)).remove, path, recursive)
+    async def file_remove(self, sb_id: str, path: str, recursive: bool,
+                          grading: bool = False) -> None:
+        await asyncio.to_thread((await self._ops(sb_id, grading)).remove, path, recursive)
 
-    async def tar_read(self, sb_id: str, path: str) -> AsyncIterator[bytes]:
-        gen = await asyncio.to_thread((await self._ops(sb_id)).tar_out, path)
+    async def tar_read(self, sb_id: str, path: str,
+                       grading: bool = False) -> AsyncIterator[bytes]:
+        gen = await asyncio.to_thread((await self._ops(sb_id, grading)).tar_out, path)
         return _pull(gen)
 
-    async def tar_write(self, sb_id: str, path: str, body: AsyncIterator[bytes]) -> int:
-        ops = await self._ops(sb_id)
+    async def tar_write(self, sb_id: str, path: str, body: AsyncIterator[bytes],
+                        grading: bool = False) -> int:
+        ops = await self._ops(sb_id, grading)
         reader = _QueueReader(asyncio.get_running_loop(), body)
         return await asyncio.to_thread(ops.tar_in, path, reader, MAX_TAR_BYTES)
 

@@ -3,6 +3,10 @@
 The protocol is synchronous (the node runs it in a worker thread) and streams: reads and
 writes hand out file objects, tar goes chunk by chunk, so files of hundreds of MB never sit
 in memory.
+
+``protected``: the sandbox paths these operations refuse (Forbidden), empty for the grading
+identity; the node sets it (:meth:`dsec.node.service.NodeService.files`), and each
+implementation checks the paths its kernel resolved (:mod:`dsec.node.protected`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ __all__ = ["FileOps"]
 
 
 class FileOps(Protocol):
+    protected: tuple[str, ...]
+
     def stat(self, path: str) -> FileInfo: ...
 
     def list(self, path: str) -> list[FileInfo]: ...

@@ -561,9 +561,18 @@ class NodeService:
             raise SandboxStopped(f"sandbox {sb_id} is not answering: {exc}") from exc
 
     # ---- files ----
-    async def files(self, sb_id: str):
+    async def files(self, sb_id: str, grading: bool = False):
+        """The sandbox's file operations; unless ``grading`` (the caller is the grading
+        identity), confined away from its protected paths (:mod:`dsec.node.protected`)."""
         backend, rec = await self._active(sb_id)
-        return backend.files(rec)
+        ops = backend.files(rec)
+        if rec.spec.protected_paths and not grading:
+            ops.protected = tuple(rec.spec.protected_paths)
+        return ops
+
+    def protected_paths(self, sb_id: str) -> list[str]:
+        """The sandbox's protected paths (NotFound as :meth:`get`)."""
+        return list(self._get(sb_id).spec.protected_paths)
 
     # ---- images ----
     def _layer_store(self):

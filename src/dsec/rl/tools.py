@@ -88,8 +88,9 @@ class AsyncToolAdapter:
 
 
     async def _confined_file(self, name: str, args: dict[str, Any]) -> str:
-        """A file tool as a command in the sandbox: the files API is the caller's own
-        channel and reaches protected paths; the model's reads and writes must not."""
+        """A file tool as a command in the sandbox: the files API reaches protected paths
+        when the caller's token may grade (a trainer's admin token); the model's reads and
+        writes must not."""
         path = args["path"]
         if name == "read_file":
             r = await self.sandbox.exec(["cat", "--", path], timeout=self.timeout)

@@ -17,7 +17,8 @@ from dsec.gateway.projects import Projects
 from dsec.gateway.projects.roles import GRADER, may_grade
 from dsec.gateway.watcher import Watcher
 
-__all__ = ["Gateway", "gateway_of", "client_for", "model_response", "check_grading"]
+__all__ = ["Gateway", "gateway_of", "client_for", "model_response", "check_grading",
+           "reaches_protected"]
 
 
 @dataclass
@@ -68,3 +69,13 @@ def check_grading(request: Request, grading: bool) -> None:
     projects.audit.record(who.project, who.who, f"{request.method} {request.url.path}",
                           "grading=True", f"forbidden: {err.message}")
     raise err
+
+
+def reaches_protected(request: Request, asked: bool = False) -> bool:
+    """Whether this request's file operations reach the sandbox's protected paths: at a
+    gateway, when its token may grade (a grader or admin; the root token is one); at a
+    node's own API, when its gateway said so (``asked``, the ``grading`` parameter)."""
+    if gateway_of(request).projects is None:
+        return asked
+    who = principal_of(request)
+    return who is not None and may_grade(who.role)

@@ -48,7 +48,7 @@ _FROM_DSEC = {
     "capacity": "resource_exhausted", "sandbox_timeout": "deadline_exceeded",
     "sandbox_stopped": "unavailable", "unsupported": "unimplemented",
     "conflict": "failed_precondition", "unavailable": "unavailable",
-    "node_lost": "unavailable",
+    "node_lost": "unavailable", "forbidden": "permission_denied",
 }
 
 

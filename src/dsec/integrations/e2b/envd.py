@@ -201,7 +201,7 @@ def _http_error(status: int, message: str) -> JSONResponse:
 def _http_from(err: RpcError) -> JSONResponse:
     # what envd (or E2B's proxy, for a sandbox that is gone: 502) answers for each
     status = {"unavailable": 502, "invalid_argument": 400, "unauthenticated": 401,
-              "not_found": 404, "out_of_range": 400, "already_exists": 409,
+              "not_found": 404, "out_of_range": 400, "permission_denied": 403, "already_exists": 409,
               "resource_exhausted": 429, "unimplemented": 501}.get(err.code, 500)
     return _http_error(status, err.message)
 

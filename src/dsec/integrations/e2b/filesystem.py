@@ -12,7 +12,7 @@ import posixpath
 import stat as st
 from datetime import datetime, timezone
 
-from dsec.api.errors import DSecError
+from dsec.api.errors import DSecError, NotFound
 from dsec.api.models import ExecRequest, FileInfo, validated
 from dsec.integrations.e2b.connect import RpcError, from_dsec
 from dsec.integrations.e2b.messages import (EntryInfo, ListDirRequest, MoveRequest,
@@ -108,6 +108,7 @@ async def move(target: Target, req: MoveRequest) -> dict:
     src, dst = resolve(req.source, target.user), resolve(req.destination, target.user)
     try:
         await target.client.file_stat(target.sb_id, src)
+        await _not_protected(target, dst)
         out = await target.client.exec(target.sb_id, validated(
             ExecRequest, cmd=["mv", "--", src, dst], timeout=60, max_output=1 << 16))
         if out.exit_code != 0:
@@ -116,6 +117,16 @@ async def move(target: Target, req: MoveRequest) -> dict:
     except DSecError as exc:
         raise _wrap(exc, target) from exc
     return {"entry": entry(info).model_dump(by_alias=True, exclude_none=True)}
+
+
+async def _not_protected(target: Target, path: str) -> None:
+    """Forbidden if ``path`` is (or is under) a protected path: a stat says so before a
+    ``mv`` would run into Landlock with a bare "Permission denied"."""
+    try:
+        await target.client.file_stat(target.sb_id, path)
+    except NotFound as exc:
+        if exc.message.startswith(f"sandbox {target.sb_id}"):
+            raise
 
 
 def upload_entry(info: FileInfo) -> dict:

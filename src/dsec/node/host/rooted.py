@@ -4,6 +4,12 @@ Every path is opened with ``openat2(RESOLVE_IN_ROOT)``: the kernel resolves ``..
 symlinks (absolute ones included) as if the tree were ``/``, so a sandbox's symlink to
 ``/etc/shadow`` lands on the sandbox's own ``/etc/shadow``, never the host's. Python has no
 binding for openat2 yet, hence ctypes.
+
+With ``protected`` paths (a sandbox's ``protected_paths``, for a caller other than the
+grading identity) every opened file or directory is checked by where the kernel resolved
+it, read back from ``/proc/self/fd``, so a symlink or ``..`` made by an agent command cannot
+lead into one (:mod:`dsec.node.protected`). Writes open the file without truncating it,
+check it, and only then reopen that same inode for writing: no window for a symlink swap.
 """
 
 from __future__ import annotations
@@ -16,14 +22,16 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from dsec.api.errors import InvalidArgument, NotFound
+from dsec.api.errors import DSecError, InvalidArgument, NotFound
 from dsec.api.models import FileInfo
+from dsec.node import protected as prot
 from dsec.node.host.charged import Charge, ChargedWriter
 
 __all__ = ["RootedFiles", "openat2", "file_kind", "normalize_path"]
 
 _SYS_OPENAT2 = 437
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_IN_ROOT = 0x10
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -34,8 +42,8 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
-def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | resolve)
     fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
                        ctypes.sizeof(how))
     if fd < 0:
@@ -77,7 +85,7 @@ class _Errors:
         return None
 
     def __exit__(self, et, exc, tb) -> bool:
-        if isinstance(exc, OSError) and not isinstance(exc, (NotFound, InvalidArgument)):
+        if isinstance(exc, OSError) and not isinstance(exc, DSecError):
             if exc.errno == errno.ENOENT:
                 raise NotFound(f"no such file or directory in the sandbox: {self.path}") from exc
             if exc.errno == errno.ENOSPC:
@@ -92,22 +100,60 @@ class RootedFiles:
     With a ``charge``, file contents are written by a helper in the sandbox's memory cgroup
     (see :mod:`dsec.node.host.charged`): what the API writes counts against the sandbox."""
 
-    def __init__(self, root: str, charge: Charge | None = None) -> None:
+    def __init__(self, root: str, charge: Charge | None = None,
+                 protected: tuple[str, ...] = ()) -> None:
         self.root = root
         self.charge = charge
+        self.protected = protected
 
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
+        fd = self._open_raw(path, flags, mode)
+        self._guard(fd, path)
+        return fd
+
+    def _open_raw(self, path: str, flags: int, mode: int = 0) -> int:
         rootfd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return openat2(rootfd, path, flags, mode)
         finally:
             os.close(rootfd)
 
-    def _parent(self, path: str) -> tuple[int, str]:
+    def _where(self, fd: int) -> str:
+        """The sandbox path the kernel resolved ``fd`` to."""
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        top = os.path.realpath(self.root)
+        if real != top and not real.startswith(top.rstrip("/") + "/"):
+            raise InvalidArgument(f"{real} is outside the sandbox root")  # cannot happen
+        return "/" + real[len(top):].lstrip("/")
+
+    def _guard(self, fd: int, asked: str, name: str | None = None) -> None:
+        """Close ``fd`` and raise Forbidden if it (or its entry ``name``) is protected."""
+        if not self.protected:
+            return
+        try:
+            where = self._where(fd)
+            if name is not None:
+                where = str(PurePosixPath(where, name))
+            prot.check_path(self.protected, normalize_path(asked), where)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _resolved(self, path: str) -> str:
+        """Where ``path``'s parent resolves, plus its last name (not followed)."""
+        dfd, name = self._parent(path)
+        try:
+            return str(PurePosixPath(self._where(dfd), name))
+        finally:
+            os.close(dfd)
+
+    def _parent(self, path: str, asked: str | None = None) -> tuple[int, str]:
         p = PurePosixPath(normalize_path(path))
         if p.name in ("", ".", ".."):
             raise InvalidArgument(f"path names no entry: {path}")
-        return self._open(str(p.parent), os.O_PATH | os.O_DIRECTORY), p.name
+        dfd = self._open_raw(str(p.parent), os.O_PATH | os.O_DIRECTORY)
+        self._guard(dfd, asked or path, p.name)
+        return dfd, p.name
 
     def stat(self, path: str) -> FileInfo:
         path = normalize_path(path)
@@ -140,7 +186,7 @@ class RootedFiles:
             todo = range(len(parts)) if parents else [len(parts) - 1]
             for i in todo:
                 sub = "/" + "/".join(parts[: i + 1])
-                dfd, name = self._parent(sub)
+                dfd, name = self._parent(sub, path)
                 try:
                     os.mkdir(name, 0o755, dir_fd=dfd)
                 except FileExistsError:
@@ -157,6 +203,9 @@ class RootedFiles:
             dfd, name = self._parent(path)
             try:
                 s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if self.protected and st.S_ISDIR(s.st_mode):
+                    where = str(PurePosixPath(self._where(dfd), name))
+                    prot.check_tree(self.protected, path, where)
                 if not st.S_ISDIR(s.st_mode):
                     os.unlink(name, dir_fd=dfd)
                 elif recursive:
@@ -179,17 +228,70 @@ class RootedFiles:
     def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
         path = normalize_path(path)
         with _Errors(path):
-            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            if self.protected:
+                fd = self._open_checked_write(path, mode)
+            else:
+                fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             if self.charge is not None:
                 return ChargedWriter(fd, self.charge, path)  # type: ignore[return-value]
             return os.fdopen(fd, "wb", buffering=0)
+
+    def _open_checked_write(self, path: str, mode: int) -> int:
+        """``path`` opened for writing once the file it leads to is known not protected:
+        an existing file is opened as a bare handle (``O_PATH``: nothing truncated yet),
+        checked, then reopened by that handle; a new one is created in its checked parent
+        and may not be a symlink (``RESOLVE_NO_SYMLINKS``) by the time it is."""
+        try:
+            pfd = self._open(path, os.O_PATH)
+        except FileNotFoundError:
+            pfd = None
+        if pfd is not None:
+            try:
+                if st.S_ISDIR(os.fstat(pfd).st_mode):
+                    raise InvalidArgument(f"{path} is a directory; name a file to write")
+                return os.open(f"/proc/self/fd/{pfd}", os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+            finally:
+                os.close(pfd)
+        dfd, name = self._parent(path)
+        try:
+            return openat2(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode,
+                           RESOLVE_NO_SYMLINKS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a dangling symlink: where it leads is unchecked
+                raise InvalidArgument(f"{path} is a symlink to a file that does not exist; "
+                                      "in a sandbox with protected_paths, write to the "
+                                      "file's own path") from exc
+            raise
+        finally:
+            os.close(dfd)
 
     def tar_out(self, path: str) -> Iterator[bytes]:
         """A tar stream of ``path`` (a directory or file), built entry by entry."""
         from dsec.node.host.tarstream import tar_chunks
         path = normalize_path(path)
+        self._check_tree(path)
         self.stat(path)
         return tar_chunks(self, path)
+
+    def _check_tree(self, path: str) -> None:
+        """Forbidden when a whole-tree operation at ``path`` would reach a protected path
+        (the walk itself opens entries without these checks)."""
+        if not self.protected:
+            return
+        with _Errors(path):
+            if path == "/":
+                where = "/"
+            else:
+                try:
+                    fd = self._open(path, os.O_PATH)
+                except FileNotFoundError:
+                    where = self._resolved(path)
+                else:
+                    try:
+                        where = self._where(fd)
+                    finally:
+                        os.close(fd)
+            prot.check_tree(self.protected, path, where)
 
     def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
         """Unpack a tar stream under ``path``; hostile entries are refused by name."""

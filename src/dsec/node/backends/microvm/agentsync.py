@@ -19,14 +19,15 @@ class SyncCommand:
 
     def __init__(self, connect: Callable[[], socket.socket], argv: list[str],
                  env: dict[str, str] | None = None, timeout: float = 600.0,
-                 unconfined: bool = False) -> None:
+                 unconfined: bool = False, protect: list[str] | None = None) -> None:
         try:
             self.sock = connect()
         except OSError as exc:
             raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
         self.sock.settimeout(timeout)
         self.exit_code: int | None = None
-        req = SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}, unconfined=unconfined)
+        req = SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}, unconfined=unconfined,
+                           protect=list(protect or []))
         self._send(b"S", req.encode())
         kind, payload = self._recv()
         if kind == b"F":

@@ -3,20 +3,27 @@
 The node cannot see a guest's filesystem, so every operation is a short command: the
 initramfs put a static busybox at ``/.dsec/busybox``, which works whatever the image holds.
 Paths are resolved by the guest kernel, inside the guest: nothing here can reach the host.
+
+With ``protected`` paths (a caller other than the grading identity) each command runs under
+the same Landlock rules as the agent's commands, so the guest kernel refuses whatever a
+symlink or ``..`` leads into them (and, as for commands, listing the directories on the way
+to them); a path that names one outright is refused before any command runs.
 """
 
 from __future__ import annotations
 
 import io
+import posixpath
 import socket
 import stat as st
 from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from dsec.api.errors import InvalidArgument, NotFound
+from dsec.api.errors import Forbidden, InvalidArgument, NotFound
 from dsec.api.models import FileInfo
 from dsec.node.backends.microvm.agentsync import SyncCommand
+from dsec.node import protected as prot
 from dsec.node.host.rooted import file_kind, normalize_path
 
 __all__ = ["AgentFiles"]
@@ -33,8 +40,11 @@ def _parse_stat(line: str, path: str | None = None) -> FileInfo:
                     size=int(size), mode=st.S_IMODE(mode), mtime=float(mtime))
 
 
-def _raise(path: str, code: int, err: bytes) -> None:
+def _raise(path: str, code: int, err: bytes, protected: tuple[str, ...] = ()) -> None:
     msg = err.decode(errors="replace").strip()
+    if protected and ("Permission denied" in msg or "Operation not permitted" in msg):
+        raise Forbidden(f"{path}: {msg}: the sandbox's protected_paths {list(protected)} "
+                        "are reached only by the grading identity (a grader or admin token)")
     if "No such file" in msg or "not found" in msg:
         raise NotFound(f"no such file or directory in the sandbox: {path}")
     if "No space left" in msg:
@@ -45,9 +55,9 @@ def _raise(path: str, code: int, err: bytes) -> None:
 class _Reader(io.RawIOBase):
     """stdout of a guest command as a readable stream."""
 
-    def __init__(self, cmd: SyncCommand, path: str) -> None:
+    def __init__(self, cmd: SyncCommand, path: str, protected: tuple[str, ...] = ()) -> None:
         self.cmd, self.path, self.buf, self.err = cmd, path, b"", bytearray()
-        self.done = False
+        self.done, self.protected = False, protected
         cmd.close_stdin()
 
     def readable(self) -> bool:
@@ -63,7 +73,7 @@ class _Reader(io.RawIOBase):
             else:
                 self.done = True
                 if self.cmd.exit_code:
-                    _raise(self.path, self.cmd.exit_code, bytes(self.err))
+                    _raise(self.path, self.cmd.exit_code, bytes(self.err), self.protected)
         n = min(len(b), len(self.buf))
         b[:n], self.buf = self.buf[:n], self.buf[n:]
         return n
@@ -77,8 +87,8 @@ class _Reader(io.RawIOBase):
 class _Writer(io.RawIOBase):
     """stdin of a guest ``cat > path`` as a writable stream; errors surface at close."""
 
-    def __init__(self, cmd: SyncCommand, path: str) -> None:
-        self.cmd, self.path = cmd, path
+    def __init__(self, cmd: SyncCommand, path: str, protected: tuple[str, ...] = ()) -> None:
+        self.cmd, self.path, self.protected = cmd, path, protected
 
     def writable(self) -> bool:
         return True
@@ -93,31 +103,42 @@ class _Writer(io.RawIOBase):
         super().close()
         code, _out, err = self.cmd.run()
         if code:
-            _raise(self.path, code, err)
+            _raise(self.path, code, err, self.protected)
 
 
 class AgentFiles:
     """:class:`dsec.node.files.FileOps` for a guest, through its agent."""
 
-    def __init__(self, connect: Callable[[], socket.socket]) -> None:
+    def __init__(self, connect: Callable[[], socket.socket],
+                 protected: tuple[str, ...] = ()) -> None:
         self.connect = connect
+        self.protected = protected
 
     def _cmd(self, script: str, *args: str) -> SyncCommand:
-        return SyncCommand(self.connect, [BB, "sh", "-c", script, "sh", *args])
+        return SyncCommand(self.connect, [BB, "sh", "-c", script, "sh", *args],
+                           protect=list(self.protected))
 
     def _run(self, path: str, script: str, *args: str, stdin: bytes = b"") -> bytes:
         code, out, err = self._cmd(script, *args).run(stdin)
         if code:
-            _raise(path, code, err)
+            _raise(path, code, err, self.protected)
         return out
 
-    def stat(self, path: str) -> FileInfo:
+    def _check(self, path: str, tree: bool = False) -> str:
+        """``path`` normalised; Forbidden if it names a protected path (``tree``: or holds
+        one). What symlinks lead to, the guest's Landlock refuses."""
         path = normalize_path(path)
+        (prot.check_tree if tree else prot.check_path)(self.protected, path,
+                                                         posixpath.normpath(path))
+        return path
+
+    def stat(self, path: str) -> FileInfo:
+        path = self._check(path)
         out = self._run(path, f'exec {BB} stat -c "{_STAT_FMT}" -- "$1"', path)
         return _parse_stat(out.decode(errors="replace").rstrip("\n"), path)
 
     def list(self, path: str) -> list[FileInfo]:
-        path = normalize_path(path)
+        path = self._check(path)
         script = (f'cd -- "$1" || exit 2; for f in * .[!.]* ..?*; do '
                   f'[ -e "$f" ] || [ -L "$f" ] || continue; '
                   f'{BB} stat -c "{_STAT_FMT}" -- "$f"; done')
@@ -128,11 +149,11 @@ class AgentFiles:
         return sorted(entries, key=lambda e: e.name)
 
     def mkdir(self, path: str, parents: bool = True) -> None:
-        path = normalize_path(path)
+        path = self._check(path)
         self._run(path, f'exec {BB} mkdir {"-p" if parents else ""} -- "$1"', path)
 
     def remove(self, path: str, recursive: bool = False) -> None:
-        path = normalize_path(path)
+        path = self._check(path, tree=recursive)
         if path == "/":
             raise InvalidArgument("refusing to remove the sandbox root")
         rm_dir = f"{BB} rm -rf" if recursive else f"{BB} rmdir"
@@ -142,28 +163,28 @@ class AgentFiles:
         self._run(path, script, path)
 
     def open_read(self, path: str) -> BinaryIO:
-        path = normalize_path(path)
+        path = self._check(path)
         if self.stat(path).type == "dir":
             raise InvalidArgument(f"{path} is a directory; use list or download a tar")
         cmd = self._cmd(f'exec {BB} cat -- "$1"', path)
-        return io.BufferedReader(_Reader(cmd, path), 1 << 16)  # type: ignore[return-value]
+        return io.BufferedReader(_Reader(cmd, path, self.protected), 1 << 16)  # type: ignore[return-value]
 
     def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
-        path = normalize_path(path)
+        path = self._check(path)
         parent = str(PurePosixPath(path).parent)
         if self.stat(parent).type != "dir":
             raise InvalidArgument(f"{parent} is not a directory")
         script = f'{BB} cat > "$1" && {BB} chmod {mode:o} -- "$1"'
-        return _Writer(self._cmd(script, path), path)  # type: ignore[return-value]
+        return _Writer(self._cmd(script, path), path, self.protected)  # type: ignore[return-value]
 
     def tar_out(self, path: str) -> Iterator[bytes]:
         """A tar stream of ``path`` whose top entry is its base name."""
-        path = normalize_path(path)
+        path = self._check(path, tree=True)
         self.stat(path)
         p = PurePosixPath(path)
         cmd = self._cmd(f'cd -- "$1" && exec {BB} tar -cf - -- "$2"', str(p.parent),
                         p.name or ".")
-        reader = _Reader(cmd, path)
+        reader = _Reader(cmd, path, self.protected)
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -175,7 +196,7 @@ class AgentFiles:
 
     def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
         """Unpack a tar stream under ``path`` (created if needed); returns bytes read."""
-        path = normalize_path(path)
+        path = self._check(path)
         cmd = self._cmd(f'{BB} mkdir -p -- "$1" && cd -- "$1" && exec {BB} tar -xf -', path)
         total = 0
         try:
@@ -189,5 +210,5 @@ class AgentFiles:
             raise
         code, _out, err = cmd.run()
         if code:
-            _raise(path, code, err)
+            _raise(path, code, err, self.protected)
         return total
