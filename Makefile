@@ -99,7 +99,7 @@ $(HARBOR_STAMP): pyproject.toml
 	$(HARBOR_VENV)/bin/pip install -q 'harbor==0.26.0' -e . && touch $(HARBOR_STAMP)
 
 test: setup harbor-venv
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # cgroup v2 only, proven on a real kernel: this host is hybrid (v1 controllers), production
 # hosts are v2 only. Decision: QEMU directly (microvm machine, TCG), not the vm backend: it

@@ -90,8 +90,10 @@ def _aim(case, live: dict) -> None:
         ttl = body.get("timeout_s")
         if case.path.endswith("/timeout") and isinstance(ttl, (int, float)):
             body["timeout_s"] = max(ttl, 600)  # the live sandbox must outlive the fuzz
-        if case.path == "/v1/sandboxes/batch" and isinstance(body.get("count"), int):
-            body["count"] = min(body["count"], 2)
+        count = body.get("count")  # an integer-valued float (889.0) is a count too
+        if case.path == "/v1/sandboxes/batch" and isinstance(count, (int, float)) \
+                and not isinstance(count, bool):
+            body["count"] = min(count, 2)
         for spec in (body, body.get("spec")):  # a create queued for room waits wait_s
             if isinstance(spec, dict) and isinstance(spec.get("wait_s"), (int, float)) \
                     and not isinstance(spec["wait_s"], bool):
