@@ -199,6 +199,19 @@ async def test_what_the_grader_wrote_stays_out_of_the_trajectory(roles):
     assert "/grader/secret.txt" not in text and "hidden.sh" not in text, text
 
 
+async def test_the_grading_steps_output_stays_out_of_the_trajectory(roles):
+    """The grading step may print a protected file; the log any token of the project
+    reads must not keep it (nor replay it to a later caller)."""
+    g = roles.sb["grader"]
+    for _ in range(2):  # the second is run again, not answered from the log
+        r = await g.exec("cat /grader/secret.txt; echo graded-$RANDOM", grading=True)
+        assert r.stdout.startswith(SECRET.decode()), r
+    assert await roles.sb["user"].exec("echo agent-step") is not None
+    text = (await roles.sb["viewer"].trajectory()).model_dump_json()
+    assert "agent-step" in text  # the agent's own steps are logged
+    assert SECRET.decode().strip() not in text and "graded-" not in text, text
+
+
 async def test_a_users_snapshot_leaves_the_protected_paths_out(roles, client):
     tag = f"pf/{secrets.token_hex(4)}:v1"
     await roles.sb["user"].pack_diff(tag)

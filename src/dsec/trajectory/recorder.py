@@ -97,6 +97,8 @@ class Recorder:
 
         ``context`` (a shell id, say) is logged with the request but is no part of the
         step's identity: a replay may come through another shell."""
+        if getattr(request, "grading", False):
+            return await run()  # the grading step's output may quote protected files
         step = getattr(request, "step", None)
         req = request.model_dump(exclude={"step"}) | (context or {})
         fp = fingerprint(kind, req)
@@ -112,6 +114,10 @@ class Recorder:
     async def stream(self, sb_id: str, request: BaseModel,
                      run: Callable[[], AsyncIterator[ExecEvent]]) -> AsyncIterator[ExecEvent]:
         """A streamed exec: replayed as one chunk per stream, then the exit."""
+        if getattr(request, "grading", False):  # as in call: never logged, never replayed
+            async for ev in run():
+                yield ev
+            return
         step = getattr(request, "step", None)
         req = request.model_dump(exclude={"step"})
         fp = fingerprint("exec", req)
