@@ -172,16 +172,20 @@ async def slow_node(tmp_path):
     await svc.close(stop_sandboxes=True)
 
 
-async def mid_reclaim(node, sb_id: str, held: int) -> None:
-    """Pause and return once the reclaim has started and pushed some memory out (paused
-    again if a reclaim ran to its end before the test saw it under way)."""
+async def mid_reclaim(node) -> tuple[str, str, int]:
+    """A sandbox holding memory, paused, once its reclaim has started and pushed some
+    memory out (paused again if a reclaim ran to its end before the test saw it under
+    way): its id, its data's md5 and its init's pid."""
+    sb_id, md5 = await holding(node)
+    init = node.record(sb_id).runtime["init_pid"]
+    held = node.backends["container"].memory_bytes(node.record(sb_id))
     for _ in range(5):
         await node.pause(sb_id)
         for _ in range(3000):
             r = node.record(sb_id).runtime.get("reclaim") or {}
             if r.get("state") == "reclaiming" and \
                     node.backends["container"].memory_bytes(node.record(sb_id)) < held - 4 * MiB:
-                return
+                return sb_id, md5, init
             if r.get("state") not in (None, "reclaiming"):
                 break
             await asyncio.sleep(0.005)
@@ -191,10 +195,7 @@ async def mid_reclaim(node, sb_id: str, held: int) -> None:
 
 async def test_resume_in_the_middle_of_a_reclaim_leaves_no_limit_nor_freeze(slow_node):
     node = slow_node
-    sb_id, md5 = await holding(node)
-    init = node.record(sb_id).runtime["init_pid"]
-    held = node.backends["container"].memory_bytes(node.record(sb_id))
-    await mid_reclaim(node, sb_id, held)
+    sb_id, md5, init = await mid_reclaim(node)
     info = await node.resume(sb_id)
     assert info.state == "running" and node.density.reclaimer.busy() == 0
     assert "reclaim" not in node.record(sb_id).runtime and info.reclaim is None
@@ -209,10 +210,7 @@ async def test_resume_in_the_middle_of_a_reclaim_leaves_no_limit_nor_freeze(slow
 
 async def test_stop_in_the_middle_of_a_reclaim_leaves_nothing(slow_node):
     node = slow_node
-    sb_id, _ = await holding(node)
-    init = node.record(sb_id).runtime["init_pid"]
-    held = node.backends["container"].memory_bytes(node.record(sb_id))
-    await mid_reclaim(node, sb_id, held)
+    sb_id, _, init = await mid_reclaim(node)
     await node.stop(sb_id)
     assert node.density.reclaimer.busy() == 0
     assert detect().leftovers(f"/dsec/{sb_id}") == []
