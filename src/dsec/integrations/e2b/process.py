@@ -96,8 +96,11 @@ async def send_signal(target: Target, req: SendSignalRequest) -> None:
     if sig is None:
         raise RpcError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
     pid = str(req.process.pid)
+    # a process gone between the check and the signal is not found, as one gone before it
+    gone = f'{{ kill -0 "$1" 2>/dev/null || exit {_NO_SUCH}; kill -s {sig} "$1"; }}'
     out = await _exec(target, f'kill -0 "$1" 2>/dev/null || exit {_NO_SUCH}; '
-                              f'kill -s {sig} -- "-$1" 2>/dev/null || kill -s {sig} "$1"', pid)
+                              f'kill -s {sig} -- "-$1" 2>/dev/null || '
+                              f'kill -s {sig} "$1" 2>/dev/null || {gone}', pid)
     if out.exit_code == _NO_SUCH:
         raise RpcError("not_found", f"process {pid} not found in sandbox {target.sb_id}")
     if out.exit_code != 0:
