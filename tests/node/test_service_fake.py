@@ -1,5 +1,6 @@
 """NodeService's own logic over the fake backend: fast, no runc (the fake is the only fake)."""
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -39,6 +40,30 @@ async def test_reaper_stops_expired_and_idle(node):
     await node.reap(time.time() + 20)
     left = {i.id for i in await node.list()}
     assert left == {keep.id} and old.id not in left and idle.id not in left
+
+
+async def test_a_request_while_the_reaper_stops_it_hears_expired(node):
+    sb = await node.create(SandboxSpec(ttl_s=10))
+    backend = node.backends["container"]
+    stopping, release = asyncio.Event(), asyncio.Event()
+    real_stop = backend.stop
+
+    async def slow_stop(rec):  # the container takes its time to go
+        stopping.set()
+        await release.wait()
+        await real_stop(rec)
+
+    backend.stop = slow_stop
+    reaping = asyncio.create_task(node.reap(time.time() + 20))
+    await stopping.wait()
+    try:
+        with pytest.raises(dsec.SandboxStopped, match="expired"):
+            await node.exec(sb.id, ExecRequest(cmd="true"))
+    finally:
+        release.set()
+        await reaping
+    with pytest.raises(dsec.SandboxStopped, match="expired"):
+        await node.exec(sb.id, ExecRequest(cmd="true"))
 
 
 async def test_idle_pause_instead_of_stop(node):

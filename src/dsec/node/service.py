@@ -186,17 +186,19 @@ class NodeService:
         for rec in list(self.records.values()):
             if rec.state == "starting":  # its creator's until create returns (or fails)
                 continue
+            # Why it ends is known before the stop begins, so a request that arrives
+            # while it stops hears "expired", as one that comes after it.
             if rec.expires_at is not None and now >= rec.expires_at:
-                await self.stop(rec.id)
                 self.ended.remember(rec.id, "expired (its timeout ran out)")
+                await self.stop(rec.id)
             elif rec.spec.idle_ttl_s and now - rec.last_active_at >= rec.spec.idle_ttl_s:
                 if rec.spec.on_idle == "pause":
                     if rec.state == "running":
                         await self.pause(rec.id)
                 else:
-                    await self.stop(rec.id)
                     self.ended.remember(rec.id, f"expired (idle for {rec.spec.idle_ttl_s:g}s, "
                                                 "its idle_ttl_s)")
+                    await self.stop(rec.id)
 
     # ---- lookup ----
     def _persist(self, rec: SandboxRecord) -> None:
@@ -209,6 +211,10 @@ class NodeService:
             raise (self.ended.error(sb_id) if rec is None else None) \
                 or NotFound(f"sandbox {sb_id} not found")
         return rec
+
+    def _not_live(self, rec: SandboxRecord) -> SandboxStopped:
+        """The error for a sandbox that is stopping: why it ends, when the node knows."""
+        return self.ended.error(rec.id) or SandboxStopped(f"sandbox {rec.id} is {rec.state}")
 
     def info(self, rec: SandboxRecord) -> SandboxInfo:
         s = rec.spec
@@ -461,7 +467,7 @@ class NodeService:
         """The sandbox now stops ``timeout_s`` seconds from now (longer or shorter)."""
         rec = self._get(sb_id)
         if rec.state not in LIVE:
-            raise SandboxStopped(f"sandbox {sb_id} is {rec.state}")
+            raise self._not_live(rec)
         rec.expires_at = time.time() + timeout_s
         self.store.put(rec)
         return self.info(rec)
@@ -494,7 +500,7 @@ class NodeService:
         if rec.state == "paused":
             await self.resume(sb_id)
         if rec.state != "running":
-            raise SandboxStopped(f"sandbox {sb_id} is {rec.state}")
+            raise self._not_live(rec)
         rec.last_active_at = time.time()
         return self.backends[rec.spec.backend], rec
 

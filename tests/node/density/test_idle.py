@@ -63,7 +63,9 @@ def test_decide():
 def test_settle():
     s = IdleSpell(since=0, refaults=100)
     assert settle(s, 8 * MiB, 8 * MiB, 110, None) == ""
-    assert "in use" in settle(s, 8 * MiB, 8 * MiB, 100 + 257, None)
+    assert settle(s, 8 * MiB, 8 * MiB, 100 + 600, None) == ""  # an idle loop's binary
+    assert "in use" in settle(s, 8 * MiB, 8 * MiB, 100 + 1025, None)  # half the step
+    assert "in use" in settle(s, 1 * MiB, 1 * MiB, 100 + 257, None)  # the floor
     assert "pressure" in settle(s, 8 * MiB, 8 * MiB, 100, 5.0)
     assert settle(s, 0, 8 * MiB, 100, None) == "nothing cold left"
     s = IdleSpell(since=0, refaults=100, cpu_ns=0, at=10.0)
@@ -118,7 +120,7 @@ async def test_a_sandbox_whose_pages_come_back_is_left_alone():
     k = backend.kernels[rec.id] = RunningKernel(pinned=0)
     reclaimer = IdleReclaimer(30.0, 1.0, 8 * MiB, lambda rec, step: plan(), lambda r: None)
     await reclaimer.pass_once([rec], {"container": backend})
-    k.refaults += 1000  # what went out was read straight back: it is in use
+    k.refaults += 2000  # what went out was read straight back: it is in use
     await reclaimer.pass_once([rec], {"container": backend})
     steps = len([w for w in k.writes if w[0] == "limit"])
     for _ in range(5):

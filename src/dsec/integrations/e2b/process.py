@@ -75,17 +75,35 @@ async def _exec(target: Target, script: str, *args: str) -> ExecResult:
 
 
 async def list_processes(target: Target) -> ListResponse:
-    """The commands still running, from their records."""
+    """The commands still running: the node's own list first (it knows a command from the
+    moment it starts, before the prologue has written its record), then the records."""
+    try:
+        kept = await target.client.process_list(target.sb_id)
+    except DSecError as exc:
+        raise from_dsec(exc, target.sb_id) from exc
+    procs = {p.pid: ProcessInfo(config=config, pid=p.pid) for p in kept
+             if p.running and (config := _config_of(p.cmd)) is not None}
     out = await _exec(target, _LIST)
-    procs = []
     for line in out.stdout.splitlines():
         pid, _, record = line.partition("\t")
+        if not pid.isdigit() or int(pid) in procs:
+            continue
         try:
             config = ProcessConfig.model_validate_json(record)
         except ValueError:
             continue  # a record the sandbox's own processes overwrote
-        procs.append(ProcessInfo(config=config, pid=int(pid)))
-    return ListResponse(processes=procs)
+        procs[int(pid)] = ProcessInfo(config=config, pid=int(pid))
+    return ListResponse(processes=list(procs.values()))
+
+
+def _config_of(cmd: str | list[str]) -> ProcessConfig | None:
+    """The E2B config of a node process started through the prologue, else None."""
+    if isinstance(cmd, str) or len(cmd) < 5 or cmd[:4] != ["/bin/sh", "-c", _PROLOGUE, "e2b"]:
+        return None
+    try:
+        return ProcessConfig.model_validate_json(cmd[4])
+    except ValueError:
+        return None
 
 
 async def send_signal(target: Target, req: SendSignalRequest) -> None:
@@ -96,11 +114,13 @@ async def send_signal(target: Target, req: SendSignalRequest) -> None:
     if sig is None:
         raise RpcError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
     pid = str(req.process.pid)
-    # a process gone between the check and the signal is not found, as one gone before it
-    gone = f'{{ kill -0 "$1" 2>/dev/null || exit {_NO_SUCH}; kill -s {sig} "$1"; }}'
+    # The group first, then the process alone. Shells disagree on `kill -- -PID` (busybox
+    # signals the group, then fails on "--"), so a failed kill whose target is gone since
+    # the check counts as done: the process was there, and it has ended.
     out = await _exec(target, f'kill -0 "$1" 2>/dev/null || exit {_NO_SUCH}; '
                               f'kill -s {sig} -- "-$1" 2>/dev/null || '
-                              f'kill -s {sig} "$1" 2>/dev/null || {gone}', pid)
+                              f'kill -s {sig} "$1" 2>/dev/null || '
+                              f'! kill -0 "$1" 2>/dev/null', pid)
     if out.exit_code == _NO_SUCH:
         raise RpcError("not_found", f"process {pid} not found in sandbox {target.sb_id}")
     if out.exit_code != 0:

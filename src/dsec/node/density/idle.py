@@ -28,7 +28,8 @@ __all__ = ["IDLE_KEY", "IdleSpell", "IdleReclaimer", "decide"]
 
 log = logging.getLogger("dsec.node.density")
 IDLE_KEY = "idle_reclaim"
-REFAULT_PAGES = 256   # refaults between two steps that mean "in use" (1 MiB of 4 KiB pages)
+PAGE = 4096
+REFAULT_PAGES = 256   # the fewest refaults between two steps that mean "in use" (1 MiB)
 PRESSURE_PCT = 1.0    # the cgroup stalled on memory this much (avg10): leave it alone
 BUSY_CPU = 0.10       # cores used on average since the last step: working without requests
 
@@ -61,7 +62,10 @@ def decide(now: float, last_active_at: float, idle_s: float | None,
 def settle(spell: IdleSpell, freed: int, step: int, refaults: int,
            pressure: float | None, cpu_ns: int = 0, at: float = 0.0) -> str:
     """After a step: why the spell should stop here ('' to go on)."""
-    if spell.refaults is not None and refaults - spell.refaults > REFAULT_PAGES:
+    # Half a step coming back means its processes use what was pushed. Less is the small
+    # text an idle loop keeps re-reading (a shell's binary is ~500 pages): go on.
+    in_use = max(REFAULT_PAGES, step // PAGE // 2)
+    if spell.refaults is not None and refaults - spell.refaults > in_use:
         return "its pages came back at once (in use)"
     if spell.cpu_ns is not None and at > spell.at and \
             (cpu_ns - spell.cpu_ns) / 1e9 > BUSY_CPU * (at - spell.at):
