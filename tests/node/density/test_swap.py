@@ -137,3 +137,20 @@ def _fresh_process():
     swap_mod._SHARED.clear()
     yield
     swap_mod._SHARED.clear()
+
+
+def test_a_smaller_dsec_zram_found_gets_a_second_device_for_the_rest(tmp_path):
+    host = Host(tmp_path)
+    first = host.manager(zram_mb=1024)
+    first.ensure(8 << 30)
+    first.release(keep=True)
+    import dsec.node.density.swap as swap_mod
+    swap_mod._SHARED.clear()  # as if a new process
+    host.calls.clear()
+    second = host.manager(zram_mb=4096)
+    st = second.ensure(8 << 30)
+    assert (host.sys / "block" / "zram2" / "disksize").read_text() == str(3 << 30)
+    assert set(st.ours) == {str(host.dev / "zram1"), str(host.dev / "zram2")}
+    second.release(keep=False)
+    assert ("swapoff", str(host.dev / "zram2")) in host.calls  # the one it made
+    assert ("swapoff", str(host.dev / "zram1")) not in host.calls  # not the one it found

@@ -23,6 +23,7 @@ __all__ = ["LABEL", "SwapArea", "SwapManager", "SwapStatus", "read_swaps", "swap
 
 log = logging.getLogger("dsec.node.density")
 LABEL = "dsec-swap"
+MIN_ZRAM = 64 << 20  # less than this is not worth a device
 _LABEL_AT = 1024 + 4 + 4 + 4 + 16  # swap header: bootbits, version, last_page, nr_bad, uuid
 
 
@@ -115,9 +116,14 @@ class SwapManager:
                 log.info("swap: %d MiB present (%s); nothing added", have >> 20,
                          ", ".join(a.path for a in areas) or "none wanted")
                 return self.status()
-            if self.config.zram_mb != 0 and not any("zram" in p for p in ours):
+            if self.config.zram_mb != 0:
                 size = host_mem // 2 if self.config.zram_mb is None else self.config.zram_mb << 20
-                self._add_zram(size)
+                # a dsec zram already there counts; a smaller one than asked for gets a
+                # second device for the rest (a 12 GiB one left by an earlier node capped
+                # a run that asked for 64 GiB)
+                size -= sum(a.size for a in areas if a.path in ours and "zram" in a.path)
+                if size >= MIN_ZRAM:
+                    self._add_zram(size)
             if self.config.file and self.config.file_mb and \
                     str(self.config.file) not in {a.path for a in areas}:
                 self._add_file(self.config.file, self.config.file_mb << 20)
