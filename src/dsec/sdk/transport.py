@@ -57,8 +57,10 @@ class FastTransport(httpx.AsyncBaseTransport):
         return await pool.send(request)
 
     def abort(self) -> None:
-        """Close every connection, those carrying a request too: what waits on one fails
-        now with ReadError (a caller that knows the server hangs stops waiting for it)."""
+        """End every exchange now (a caller that knows the server hangs stops waiting for
+        it): a request sent fails with ReadError and is not retried (a retry would wait on
+        the same hung server), one still waiting for a connection with ConnectError (it
+        was never sent)."""
         for pool in self._pools.values():
             pool.abort()
 
@@ -223,8 +225,14 @@ class _Pool:
 
     def abort(self) -> None:
         self.close()
+        while (turn := self._next_turn()) is not None:
+            turn.fut.set_exception(httpx.ConnectError(
+                f"the client gave up on {self.origin[0]}:{self.origin[1]}",
+                request=turn.request))
+        for task in list(self._opening):  # their requests have just failed
+            task.cancel()
         for conn in list(self.busy):  # each is released (and counted) by its exchange
-            conn.close()
+            conn.abort()
 
     def shutdown(self) -> None:
         """The client closes: idle connections and connects under way end, and requests
@@ -247,6 +255,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.aborted = False  # ended by the client: not stale, so never retried
         self.reused = False
         self.idle_since = 0.0
         self.error: Exception | None = None
@@ -283,6 +292,15 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """End the exchange under way now. ``transport.abort``, not ``close``: close waits
+        for unsent request bytes to drain, and a hung server never takes them."""
+        if self.error is None:
+            self.error = httpx.ReadError("the client gave up on the server")
+        self.aborted = self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     # ---- one exchange ----
     async def send(self, request: httpx.Request, timeout: float | None) -> None:
@@ -354,7 +372,7 @@ class _Conn(asyncio.Protocol):
 
     def _check(self, request: httpx.Request) -> None:
         if self.error is not None and not self.got_bytes and self.reused \
-                and isinstance(self.error, httpx.ReadError):
+                and not self.aborted and isinstance(self.error, httpx.ReadError):
             raise _Stale()
         if self.error is not None:
             err = self.error
