@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = ["REQUESTS", "PLACEMENT_SECONDS", "RETRIES", "NODES", "NODE_SANDBOXES",
-           "RequestMetrics"]
+           "ADMISSIONS", "ADMISSIONS_OUT_OF_ORDER", "admitted", "RequestMetrics"]
 
 REQUESTS = Counter("dsec_gateway_requests_total", "Requests answered, by route and status",
                    ["method", "route", "status"])
@@ -18,6 +18,27 @@ RETRIES = Counter("dsec_gateway_retries_total",
 NODES = Gauge("dsec_gateway_nodes", "Nodes this gateway knows, by health", ["health"])
 NODE_SANDBOXES = Gauge("dsec_gateway_node_sandboxes",
                        "Sandboxes on each node as the watcher last saw them", ["node"])
+ADMISSIONS = Counter("dsec_gateway_admissions_total",
+                     "Creates (and runs of a batch) given room by queued admission, by "
+                     "project ('/' is the root)", ["project"])
+ADMISSIONS_OUT_OF_ORDER = Counter(
+    "dsec_gateway_admissions_out_of_order_total",
+    "Of those, given room while an earlier create of the same project still waited on "
+    "this gateway: 0 when admission is first come, first served", ["project"])
+
+_admitted: dict[str, tuple] = {}  # per project, both children: labels() takes a lock
+
+
+def admitted(project: str, in_order: bool) -> None:
+    """Count one grant of queued admission. Both series of a project appear with its first
+    grant, so a scrape shows an explicit 0 out of order."""
+    if (pair := _admitted.get(project)) is None:
+        label = project or "/"
+        pair = _admitted[project] = (ADMISSIONS.labels(label),
+                                     ADMISSIONS_OUT_OF_ORDER.labels(label))
+    pair[0].inc()
+    if not in_order:
+        pair[1].inc()
 
 
 class RequestMetrics:

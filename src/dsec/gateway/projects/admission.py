@@ -9,6 +9,11 @@ create of its project, and a create keeps its place (its ticket) for as long as 
 one that was admitted but found no node with room goes back to its place while it backs
 off, and a batch stays at the head until its last item fits. ``wait_s`` = 0 answers at
 once. After ``wait_s`` it answers ``QuotaExceeded`` with ``Retry-After``.
+
+Every grant is also checked against arrival order by
+:class:`~dsec.gateway.projects.order.ArrivalOrder`, which counts (Prometheus
+``dsec_gateway_admissions_out_of_order_total``, per project) any grant made while an
+earlier create of its project was still waiting: 0 when the line keeps its order.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from collections.abc import Awaitable, Callable
 
 from dsec.api.errors import QuotaExceeded
 from dsec.api.projects import Quota, ancestors
+from dsec.gateway import metrics
 from dsec.gateway.projects.ledger import Ledger, Reservation
+from dsec.gateway.projects.order import ArrivalOrder
 from dsec.gateway.projects.quota import Ask
 
 __all__ = ["Admission"]
@@ -38,20 +45,23 @@ class _Waiter:
 
 
 class _Spot:
-    """One request's place: its ticket from arrival, and its waiter while it is in line."""
+    """One request's place: its ticket from arrival, its waiter while it is in line, and
+    whether it waits for room (from arrival until a grant; again when it comes back)."""
 
-    __slots__ = ("path", "ticket", "waiter")
+    __slots__ = ("path", "ticket", "waiter", "waiting")
 
     def __init__(self, path: str, ticket: int) -> None:
         self.path, self.ticket = path, ticket
         self.waiter: _Waiter | None = None
+        self.waiting = True
 
 
 class Admission:
     def __init__(self, ledger: Ledger, quotas: Callable[[list[str]], dict[str, Quota]],
-                 poll_s: float = 0.2) -> None:
+                 poll_s: float = 0.2, order: ArrivalOrder | None = None) -> None:
         self.ledger, self.quotas, self.poll_s = ledger, quotas, poll_s
         self.lines: dict[str, list[_Waiter]] = {}  # per project, in ticket order
+        self.order = order or ArrivalOrder(metrics.admitted)
         self._tickets = itertools.count()
 
     def freed(self) -> None:
@@ -69,11 +79,28 @@ class Admission:
 
     # ---- the line ----
     def _spot(self, path: str) -> _Spot:
-        return _Spot(path, next(self._tickets))
+        spot = _Spot(path, next(self._tickets))
+        self.order.waiting(path, spot.ticket)
+        return spot
+
+    def _granted(self, spot: _Spot, res: Reservation) -> Reservation:
+        spot.waiting = False
+        self.order.granted(spot.path, spot.ticket)
+        return res
+
+    def _done(self, spot: _Spot) -> None:
+        """The request is answered: out of line, and waiting no more."""
+        self._leave(spot)
+        if spot.waiting:
+            spot.waiting = False
+            self.order.gone(spot.path, spot.ticket)
 
     def _join(self, spot: _Spot) -> _Waiter:
         """In line at the place of its ticket: the end for a newcomer, further up for a
         request that arrived earlier and comes back (tickets only grow)."""
+        if not spot.waiting:  # back after a grant: waiting for room again
+            spot.waiting = True
+            self.order.waiting(spot.path, spot.ticket)
         if spot.waiter is None:
             me = spot.waiter = _Waiter(spot.ticket)
             line = self.lines.setdefault(spot.path, [])
@@ -103,7 +130,9 @@ class Admission:
         place until it fits at the head (the spot stays in line; its caller leaves)."""
         if spot.waiter is None and not self.lines.get(spot.path):
             res = self._try(spot.path, ask, partial)
-            if res.problem is None or wait_s <= 0:
+            if res.problem is None:
+                return self._granted(spot, res)
+            if wait_s <= 0:
                 return _or_raise(res, wait_s)
         me = self._join(spot)
         res = Reservation(spot.path, problem=_BEHIND)
@@ -112,7 +141,7 @@ class Admission:
             if head:
                 res = self._try(spot.path, ask, partial)
                 if res.problem is None:
-                    return res
+                    return self._granted(spot, res)
             left = deadline - clock()
             if left <= 0:
                 return _or_raise(res, wait_s)
@@ -133,7 +162,7 @@ class Admission:
         try:
             return await self._reserve(spot, ask, clock() + wait_s, wait_s, partial, clock)
         finally:
-            self._leave(spot)
+            self._done(spot)
 
     async def hold(self, path: str, ask: Ask, wait_s: float,
                    attempt: Callable[[Reservation], Awaitable[object]],
@@ -163,7 +192,7 @@ class Admission:
                     self.give_back(res.keys)
                     raise
         finally:
-            self._leave(spot)
+            self._done(spot)
 
     async def in_runs(self, path: str, ask: Ask, wait_s: float,
                       run: Callable[[Reservation], Awaitable[None]]) -> QuotaExceeded | None:
@@ -192,7 +221,7 @@ class Admission:
                 await run(res)
             return None
         finally:
-            self._leave(spot)
+            self._done(spot)
 
 
 def _or_raise(res: Reservation, wait_s: float) -> Reservation:
