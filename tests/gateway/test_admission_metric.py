@@ -11,8 +11,6 @@ is the gateway's, not runc's) each serving its node API.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 
 import httpx
 import pytest
@@ -27,6 +25,7 @@ from dsec.gateway.projects import Projects
 from dsec.gateway.projects.admission import Admission
 from dsec.gateway.projects.order import ArrivalOrder
 from dsec.gateway.projects.quota import Ask
+from tests.support.gateway import serving
 
 CLUSTER = "dsec_test_order_cluster"  # gateway -> node
 ROOT = "dsec_test_order_root"        # user -> gateway
@@ -93,24 +92,8 @@ async def test_the_count_sees_a_line_that_lost_its_order(tmp_path, broken):
 
 # ---- a burst over HTTP ----
 
-@contextlib.asynccontextmanager
-async def _gateway(urls: list[str], projects: Projects):
-    import uvicorn
-    app = create_app(StaticCluster(urls, CLUSTER), ROOT, projects=projects)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    server.capture_signals = contextlib.nullcontext  # pytest keeps its own handlers
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
+def _gateway(urls: list[str], projects: Projects):
+    return serving(create_app(StaticCluster(urls, CLUSTER), ROOT, projects=projects))
 
 
 async def scrape(url: str, project: str) -> tuple[float, float]:
