@@ -30,8 +30,8 @@ PATH = "/grader/secret.txt"
 
 @pytest.fixture
 async def remote(tmp_path):
-    """A project's sandbox with ``/grader`` protected, on a remote node, written there by
-    the grader's token through the gateway."""
+    """A project's sandbox with ``/grader`` protected, on a remote node; the secret is
+    put there through the node's own API (so that each test says what the gateway does)."""
     state = tmp_path / "node"
     node = _NodeActor(str(state), CLUSTER, ["container"], host="127.0.0.1")
     _, node_url = await node.start()
@@ -47,8 +47,8 @@ async def remote(tmp_path):
                         dsec.AsyncClient(url, tokens["grader"]) as grader:
                     sb = await user.create(memory_mb=128, protected_paths=["/grader"])
                     try:
+                        await _put_on_the_node(node_url, sb.id)
                         g = await grader.get(sb.id)
-                        await g.files.write(PATH, SECRET)
                         yield SimpleNamespace(url=url, node_url=node_url, tokens=tokens,
                                               id=sb.id, user=sb, grader=g,
                                               admin=await root.get(sb.id))
@@ -59,10 +59,21 @@ async def remote(tmp_path):
     assert not leftovers(state)
 
 
+async def _put_on_the_node(node_url: str, sb_id: str) -> None:
+    async with httpx.AsyncClient(base_url=node_url, timeout=30) as http:
+        r = await http.put(f"/v1/sandboxes/{sb_id}/files", content=SECRET,
+                           params={"path": PATH, "grading": "true"},
+                           headers={"authorization": f"Bearer {CLUSTER}"})
+    assert r.status_code == 200, r.text
+
+
 async def test_a_grader_and_an_admin_read_a_protected_file_on_a_remote_node(remote):
     assert await remote.grader.files.read(PATH) == SECRET
+    await remote.grader.files.write("/grader/answer.txt", b"42\n")
+    assert await remote.admin.files.read("/grader/answer.txt") == b"42\n"
     assert await remote.admin.files.read(PATH) == SECRET
-    assert [e.name for e in await remote.grader.files.list("/grader")] == ["secret.txt"]
+    assert sorted(e.name for e in await remote.grader.files.list("/grader")) == [
+        "answer.txt", "secret.txt"]
 
 
 async def test_a_user_token_is_refused_a_protected_file_on_a_remote_node(remote):
