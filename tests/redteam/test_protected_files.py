@@ -281,3 +281,49 @@ async def test_e2b_intact_after_its_attacks(roles, e2b_user):
     with pytest.raises(Exception):
         e2b_user.files.write("/grader/secret.txt", "forged")
     await intact(roles)
+
+
+# ---- hard links shipped in an image layer ----
+
+@pytest.fixture
+async def linked_layer(client, server, tmp_path):
+    """A layer whose /srv/h (and /srv/d/h2) is a hard link to its /grader/secret.txt."""
+    import asyncio
+
+    from dsec.images import ImageService
+    root = tmp_path / "layer"
+    (root / "grader").mkdir(parents=True)
+    (root / "srv" / "d").mkdir(parents=True)
+    (root / "grader" / "secret.txt").write_bytes(SECRET)
+    (root / "srv" / "h").hardlink_to(root / "grader" / "secret.txt")
+    (root / "srv" / "d" / "h2").hardlink_to(root / "grader" / "secret.txt")
+    (root / "srv" / "plain.txt").write_bytes(b"plain\n")
+    tag = f"pf/linked-{secrets.token_hex(4)}:v1"
+    await asyncio.to_thread(ImageService(server.state_dir).import_rootfs, root, tag)
+    yield tag
+    await client.remove_image(tag)
+
+
+async def test_a_hard_link_in_an_image_layer_is_refused(roles, client, linked_layer):
+    sb = await roles.clients["user"].create(image="busybox", layers=[linked_layer],
+                                            memory_mb=64, protected_paths=["/grader"])
+    try:
+        g = await roles.clients["grader"].get(sb.id)
+        r = await g.exec("stat -c %h /srv/h", grading=True)
+        assert r.stdout == "3\n", ("the layer keeps the hard link", r)
+        for path in ("/srv/h", "/srv/d/h2", "/srv/d/../h"):
+            with pytest.raises(dsec.Forbidden, match=f"{path} is protected: it is a hard link"):
+                await sb.files.read(path)
+            with forbidden(path):
+                await sb.files.write(path, b"forged")
+            with forbidden(path):
+                await sb.files.stat(path)
+        with pytest.raises(dsec.Forbidden, match="hard link"):
+            await sb.files.download_tar("/srv")
+        with pytest.raises(dsec.Forbidden, match="hard link"):
+            await sb.files.download_tar("/srv/d/h2")
+        assert await sb.files.read("/srv/plain.txt") == b"plain\n"  # the rest stays open
+        assert await g.files.read("/srv/h") == SECRET  # the grader still reads it
+        assert await g.files.read("/grader/secret.txt") == SECRET
+    finally:
+        await sb.stop()

@@ -8,8 +8,10 @@ binding for openat2 yet, hence ctypes.
 With ``protected`` paths (a sandbox's ``protected_paths``, for a caller other than the
 grading identity) every opened file or directory is checked by where the kernel resolved
 it, read back from ``/proc/self/fd``, so a symlink or ``..`` made by an agent command cannot
-lead into one (:mod:`dsec.node.protected`). Writes open the file without truncating it,
-check it, and only then reopen that same inode for writing: no window for a symlink swap.
+lead into one (:mod:`dsec.node.protected`), and every opened file that has other names is
+checked by inode, so a hard link to a protected file leads nowhere either
+(:mod:`dsec.node.host.hardlinks`). Writes open the file without truncating it, check it, and
+only then reopen that same inode for writing: no window for a symlink swap.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from dsec.api.errors import DSecError, InvalidArgument, NotFound
+from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound
 from dsec.api.models import FileInfo
 from dsec.node import protected as prot
+from dsec.node.host import hardlinks
 from dsec.node.host.charged import Charge, ChargedWriter
 
 __all__ = ["RootedFiles", "openat2", "file_kind", "normalize_path"]
@@ -105,6 +108,7 @@ class RootedFiles:
         self.root = root
         self.charge = charge
         self.protected = protected
+        self._inodes: dict[hardlinks.Inode, str] | None = None  # walked once, on first need
 
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
         fd = self._open_raw(path, flags, mode)
@@ -127,7 +131,8 @@ class RootedFiles:
         return "/" + real[len(top):].lstrip("/")
 
     def _guard(self, fd: int, asked: str, name: str | None = None) -> None:
-        """Close ``fd`` and raise Forbidden if it (or its entry ``name``) is protected."""
+        """Close ``fd`` and raise Forbidden if it (or its entry ``name``) is protected, by
+        path or (an opened file) as a hard link to a protected file."""
         if not self.protected:
             return
         try:
@@ -135,9 +140,31 @@ class RootedFiles:
             if name is not None:
                 where = str(PurePosixPath(where, name))
             prot.check_path(self.protected, normalize_path(asked), where)
+            if name is None:
+                self.check_inode(os.fstat(fd), asked)
         except BaseException:
             os.close(fd)
             raise
+
+    def protected_inodes(self) -> dict[hardlinks.Inode, str]:
+        """The multiply-linked files under the protected paths, walked once per operation
+        (this object serves one request)."""
+        if self._inodes is None:
+            self._inodes = hardlinks.protected_inodes(
+                lambda p: self._open_raw(p, os.O_PATH), self.protected)
+        return self._inodes
+
+    def check_inode(self, s: os.stat_result, asked: str) -> None:
+        """Forbidden if ``s`` (what ``asked`` led to) is a protected file under another
+        name: a hard link, say one shipped in an image layer."""
+        if not self.protected or not hardlinks.linked(s):
+            return
+        hit = self.protected_inodes().get((s.st_dev, s.st_ino))
+        if hit is not None:
+            raise Forbidden(f"{normalize_path(asked)} is protected: it is a hard link to a "
+                            f"file under {hit}, one of the sandbox's protected_paths, which "
+                            "only the grading identity (a grader or admin token) reaches "
+                            "through the files API")
 
     def _resolved(self, path: str) -> str:
         """Where ``path``'s parent resolves, plus its last name (not followed)."""
@@ -162,9 +189,11 @@ class RootedFiles:
                 return _info(path, os.stat(self.root))
             dfd, name = self._parent(path)
             try:
-                return _info(path, os.stat(name, dir_fd=dfd, follow_symlinks=False))
+                s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             finally:
                 os.close(dfd)
+            self.check_inode(s, path)
+            return _info(path, s)
 
     def list(self, path: str) -> list[FileInfo]:
         path = normalize_path(path)
@@ -271,7 +300,24 @@ class RootedFiles:
         path = normalize_path(path)
         self._check_tree(path)
         self.stat(path)
+        if self.protected and self.protected_inodes():
+            self._check_links_in(path)  # before the first byte, so the refusal is a 403
         return tar_chunks(self, path)
+
+    def _check_links_in(self, path: str) -> None:
+        """Forbidden if the tree at ``path`` holds a hard link to a protected file (the
+        stream checks each file again as it sends it)."""
+        with _Errors(path):
+            fd = self._open(path, os.O_PATH)
+            try:
+                if not st.S_ISDIR(os.fstat(fd).st_mode):
+                    return
+                for d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
+                    for name in names:
+                        s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                        self.check_inode(s, str(PurePosixPath(path, d, name)))
+            finally:
+                os.close(fd)
 
     def _check_tree(self, path: str) -> None:
         """Forbidden when a whole-tree operation at ``path`` would reach a protected path

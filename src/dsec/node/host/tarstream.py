@@ -44,6 +44,7 @@ def _entry(files: RootedFiles, dfd: int, name: str, arc: str) -> Iterator[bytes]
         ti.type, ti.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
         yield ti.tobuf(tarfile.PAX_FORMAT)
     elif st.S_ISREG(s.st_mode):
+        files.check_inode(s, arc)  # a hard link to a protected file
         ti.size = s.st_size
         yield ti.tobuf(tarfile.PAX_FORMAT)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)

@@ -4,16 +4,20 @@ The node cannot see a guest's filesystem, so every operation is a short command:
 initramfs put a static busybox at ``/.dsec/busybox``, which works whatever the image holds.
 Paths are resolved by the guest kernel, inside the guest: nothing here can reach the host.
 
-With ``protected`` paths (a caller other than the grading identity) each command runs under
-the same Landlock rules as the agent's commands, so the guest kernel refuses whatever a
-symlink or ``..`` leads into them (and, as for commands, listing the directories on the way
-to them); a path that names one outright is refused before any command runs.
+With ``protected`` paths (a caller other than the grading identity) a path that names one
+outright is refused before any command runs. Each command then resolves its path in the
+guest first (``readlink -f``, as the guest kernel sees symlinks and ``..``) and stops with a
+marker if that lands in a protected path, which becomes the same 403 as on the container
+backend, before any byte is streamed. The command itself runs under the same Landlock rules
+as the agent's commands, so a symlink swapped in after that resolution still leads nowhere:
+the guest kernel refuses it (a read then ends mid-stream, not with a 403).
 """
 
 from __future__ import annotations
 
 import io
 import posixpath
+import shlex
 import socket
 import stat as st
 from collections.abc import Callable, Iterator
@@ -30,6 +34,23 @@ __all__ = ["AgentFiles"]
 
 BB = "/.dsec/busybox"
 _STAT_FMT = "%f|%s|%Y|%n"
+_MARK = "dsec-protected:"  # what the in-guest resolution prints when it lands in one
+_REFUSED = 97
+
+
+def _guard_sh(protected: tuple[str, ...]) -> str:
+    """A shell function ``_g PATH follow|entry path|tree`` that exits with the marker when
+    PATH (``follow``: itself resolved; ``entry``: its parent resolved, plus its last name)
+    is or lies under a protected path (``tree``: or holds one below it). A path that does
+    not resolve yet (missing parents) passes: the command then fails, or Landlock stops it."""
+    prots = " ".join(shlex.quote(p.rstrip("/")) for p in protected)
+    return (f'_g() {{ if [ "$2" = entry ]; then '
+            f'r=$({BB} readlink -f -- "$({BB} dirname -- "$1")") || return 0; '
+            f'r="${{r%/}}/$({BB} basename -- "$1")"; '
+            f'else r=$({BB} readlink -f -- "$1") || return 0; fi; '
+            f'for p in {prots}; do case "$r/" in "$p"/*) ;; *) [ "$3" = tree ] || continue; '
+            f'case "$p/" in "${{r%/}}"/*) ;; *) continue;; esac;; esac; '
+            f'echo "{_MARK}$r" >&2; exit {_REFUSED}; done; }}; ')
 
 
 def _parse_stat(line: str, path: str | None = None) -> FileInfo:
@@ -42,6 +63,12 @@ def _parse_stat(line: str, path: str | None = None) -> FileInfo:
 
 def _raise(path: str, code: int, err: bytes, protected: tuple[str, ...] = ()) -> None:
     msg = err.decode(errors="replace").strip()
+    if protected and code == _REFUSED and _MARK in msg:
+        resolved = msg.split(_MARK, 1)[1].splitlines()[0]
+        prot.check_tree(protected, path, resolved)
+        raise Forbidden(f"{path} (it resolves to {resolved}) reaches the sandbox's "
+                        f"protected_paths {list(protected)}, which only the grading identity "
+                        "(a grader or admin token) reaches through the files API")
     if protected and ("Permission denied" in msg or "Operation not permitted" in msg):
         raise Forbidden(f"{path}: {msg}: the sandbox's protected_paths {list(protected)} "
                         "are reached only by the grading identity (a grader or admin token)")
@@ -114,12 +141,17 @@ class AgentFiles:
         self.connect = connect
         self.protected = protected
 
-    def _cmd(self, script: str, *args: str) -> SyncCommand:
-        return SyncCommand(self.connect, [BB, "sh", "-c", script, "sh", *args],
+    def _cmd(self, script: str, *args: str, guard: str = "") -> SyncCommand:
+        """``script`` run with ``args`` as ``$1``...; ``guard`` (e.g. ``"follow path"``):
+        first resolve ``$1`` in the guest and stop if it reaches a protected path."""
+        pre = f'{_guard_sh(self.protected)}_g "$1" {guard}; ' if guard and self.protected \
+            else ""
+        return SyncCommand(self.connect, [BB, "sh", "-c", pre + script, "sh", *args],
                            protect=list(self.protected))
 
-    def _run(self, path: str, script: str, *args: str, stdin: bytes = b"") -> bytes:
-        code, out, err = self._cmd(script, *args).run(stdin)
+    def _run(self, path: str, script: str, *args: str, stdin: bytes = b"",
+             guard: str = "") -> bytes:
+        code, out, err = self._cmd(script, *args, guard=guard).run(stdin)
         if code:
             _raise(path, code, err, self.protected)
         return out
@@ -134,7 +166,13 @@ class AgentFiles:
 
     def stat(self, path: str) -> FileInfo:
         path = self._check(path)
-        out = self._run(path, f'exec {BB} stat -c "{_STAT_FMT}" -- "$1"', path)
+        return self._probe(path, "entry path")
+
+    def _probe(self, path: str, guard: str) -> FileInfo:
+        """The guarded stat of ``path`` (``follow``: of what it leads to)."""
+        deref = "-L " if guard.startswith("follow") else ""
+        out = self._run(path, f'exec {BB} stat {deref}-c "{_STAT_FMT}" -- "$1"', path,
+                        guard=guard)
         return _parse_stat(out.decode(errors="replace").rstrip("\n"), path)
 
     def list(self, path: str) -> list[FileInfo]:
@@ -142,7 +180,7 @@ class AgentFiles:
         script = (f'cd -- "$1" || exit 2; for f in * .[!.]* ..?*; do '
                   f'[ -e "$f" ] || [ -L "$f" ] || continue; '
                   f'{BB} stat -c "{_STAT_FMT}" -- "$f"; done')
-        out = self._run(path, script, path).decode(errors="replace")
+        out = self._run(path, script, path, guard="follow path").decode(errors="replace")
         entries = [_parse_stat(line) for line in out.splitlines() if line]
         for e in entries:
             e.path = str(PurePosixPath(path, e.name))
@@ -150,7 +188,8 @@ class AgentFiles:
 
     def mkdir(self, path: str, parents: bool = True) -> None:
         path = self._check(path)
-        self._run(path, f'exec {BB} mkdir {"-p" if parents else ""} -- "$1"', path)
+        self._run(path, f'exec {BB} mkdir {"-p" if parents else ""} -- "$1"', path,
+                  guard="follow path")
 
     def remove(self, path: str, recursive: bool = False) -> None:
         path = self._check(path, tree=recursive)
@@ -160,27 +199,28 @@ class AgentFiles:
         script = (f'if [ -d "$1" ] && [ ! -L "$1" ]; then exec {rm_dir} -- "$1"; '
                   f'elif [ -e "$1" ] || [ -L "$1" ]; then exec {BB} rm -f -- "$1"; '
                   f'else echo "$1: No such file or directory" >&2; exit 1; fi')
-        self._run(path, script, path)
+        self._run(path, script, path, guard=f"entry {'tree' if recursive else 'path'}")
 
     def open_read(self, path: str) -> BinaryIO:
         path = self._check(path)
-        if self.stat(path).type == "dir":
+        if self._probe(path, "follow path").type == "dir":
             raise InvalidArgument(f"{path} is a directory; use list or download a tar")
-        cmd = self._cmd(f'exec {BB} cat -- "$1"', path)
+        cmd = self._cmd(f'exec {BB} cat -- "$1"', path, guard="follow path")
         return io.BufferedReader(_Reader(cmd, path, self.protected), 1 << 16)  # type: ignore[return-value]
 
     def open_write(self, path: str, mode: int = 0o644) -> BinaryIO:
         path = self._check(path)
-        parent = str(PurePosixPath(path).parent)
-        if self.stat(parent).type != "dir":
-            raise InvalidArgument(f"{parent} is not a directory")
+        self._run(path, f'd=$({BB} dirname -- "$1"); '
+                  f'[ -e "$d" ] || {{ echo "$d: No such file or directory" >&2; exit 1; }}; '
+                  f'[ -d "$d" ] || {{ echo "$d is not a directory" >&2; exit 1; }}', path,
+                  guard="follow path")
         script = f'{BB} cat > "$1" && {BB} chmod {mode:o} -- "$1"'
-        return _Writer(self._cmd(script, path), path, self.protected)  # type: ignore[return-value]
+        return _Writer(self._cmd(script, path, guard="follow path"), path, self.protected)  # type: ignore[return-value]
 
     def tar_out(self, path: str) -> Iterator[bytes]:
         """A tar stream of ``path`` whose top entry is its base name."""
         path = self._check(path, tree=True)
-        self.stat(path)
+        self._probe(path, "follow tree")
         p = PurePosixPath(path)
         cmd = self._cmd(f'cd -- "$1" && exec {BB} tar -cf - -- "$2"', str(p.parent),
                         p.name or ".")
@@ -197,6 +237,8 @@ class AgentFiles:
     def tar_in(self, path: str, stream: BinaryIO, max_bytes: int) -> int:
         """Unpack a tar stream under ``path`` (created if needed); returns bytes read."""
         path = self._check(path)
+        if self.protected:  # its own command: the upload streams into the next one
+            self._run(path, ":", path, guard="follow path")
         cmd = self._cmd(f'{BB} mkdir -p -- "$1" && cd -- "$1" && exec {BB} tar -xf -', path)
         total = 0
         try:

@@ -1,0 +1,57 @@
+"""Hard links into a sandbox's protected paths, found by inode.
+
+A path check cannot see a hard link: ``/tmp/x`` and ``/grader/secret.txt`` can be one inode
+under two names. Agent commands cannot make one (Landlock refuses the link), but an image's
+own layers can ship one, and the grading step can make one. So after the kernel resolved a
+path, :class:`dsec.node.host.rooted.RootedFiles` also asks whether the file it opened is,
+by ``(st_dev, st_ino)``, one under a protected path.
+
+Cheap by construction: only a non-directory with ``st_nlink > 1`` can be such a link (a
+directory cannot be hard-linked), so only then are the protected paths walked, once per
+file operation, and only their multiply-linked files are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as st
+from collections.abc import Callable, Sequence
+
+__all__ = ["Inode", "linked", "protected_inodes"]
+
+Inode = tuple[int, int]
+
+
+def linked(s: os.stat_result) -> bool:
+    """Whether ``s`` could be another name of a protected file."""
+    return not st.S_ISDIR(s.st_mode) and s.st_nlink > 1
+
+
+def protected_inodes(open_in_root: Callable[[str], int],
+                     protected: Sequence[str]) -> dict[Inode, str]:
+    """``(st_dev, st_ino)`` of every multiply-linked file at or under a protected path,
+    mapped to that protected path. ``open_in_root(path)`` opens a sandbox path (resolved in
+    the sandbox root) as an fd (O_PATH will do); protected paths that do not exist are skipped."""
+    found: dict[Inode, str] = {}
+    for top in protected:
+        try:
+            fd = open_in_root(top)
+        except OSError:
+            continue
+        try:
+            s = os.fstat(fd)
+            if not st.S_ISDIR(s.st_mode):
+                if linked(s):
+                    found[(s.st_dev, s.st_ino)] = top
+                continue
+            for _d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
+                for name in names:
+                    try:
+                        e = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue  # gone since the listing
+                    if linked(e):
+                        found.setdefault((e.st_dev, e.st_ino), top)
+        finally:
+            os.close(fd)
+    return found

@@ -1,0 +1,106 @@
+"""Protected paths through the files API in microvm and vm guests: a user token gets 403
+naming the path for every file operation that reaches one, symlinks made by agent commands
+(and ``..``, ``//``) lead nowhere, and a grader token still reads and writes. Real QEMU
+guests (TCG here), so one guest per backend and many checks in it.
+
+Each attack is followed, at the end, by a check as the grader that the protected file is
+exactly as written, so a refusal that came after a truncation fails on the content.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+import tarfile
+
+import pytest
+
+import dsec
+from tests.support.server import ServerProcess, leftovers
+
+pytestmark = pytest.mark.timeout(900)
+
+SECRET = b"expected-answer-42\n"
+LINKS = [("/tmp/l", "/grader/secret.txt", "/tmp/l"),          # a file symlink
+         ("/tmp/g", "/grader", "/tmp/g/secret.txt"),           # a directory symlink
+         ("/tmp/r", "/", "/tmp/r/grader/secret.txt"),          # the root, by a symlink
+         ("/tmp/rel", "../grader/secret.txt", "/tmp/rel")]     # a relative one climbing out
+
+
+@pytest.fixture(scope="module")
+def guest_server():
+    srv = ServerProcess(backends=["microvm", "vm"]).start()
+    yield srv
+    srv.stop_all_sandboxes()
+    left = leftovers(srv.state_dir)
+    srv.destroy()
+    assert not left, left
+
+
+async def _tokens(srv) -> dict[str, str]:
+    name = f"pg{secrets.token_hex(4)}"
+    async with dsec.AsyncClient(srv.url, srv.token) as admin:
+        await admin.projects.create(name)
+        return {role: await admin.projects.create_token(name, role=role)
+                for role in ("user", "grader")}
+
+
+def _tar(name: str, data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def _refused(call, path: str) -> None:
+    """``call`` raises Forbidden (403) naming ``path``."""
+    with pytest.raises(dsec.Forbidden) as err:
+        await call
+    assert err.value.status == 403 and path in err.value.message, err.value.message
+
+
+async def _user_attacks(u) -> None:
+    for path in ("/grader/secret.txt", "//grader//secret.txt", "/tmp/../grader/secret.txt"):
+        await _refused(u.files.read(path), path.replace("//", "/"))
+        await _refused(u.files.stat(path), path.replace("//", "/"))
+    for path in ("/grader/secret.txt", "/grader/new.txt"):
+        await _refused(u.files.write(path, b"forged"), path)
+    await _refused(u.files.list("/grader"), "/grader")
+    await _refused(u.files.remove("/grader/secret.txt"), "/grader/secret.txt")
+    await _refused(u.files.remove("/grader", recursive=True), "/grader")
+    await _refused(u.files.download_tar("/grader"), "/grader")
+    await _refused(u.files.download_tar("/"), "/grader")
+    await _refused(u.files.upload_tar(_tar("planted.txt", b"x"), "/grader"), "/grader")
+    for link, target, via in LINKS:
+        r = await u.exec(f"ln -s {target} {link}", timeout=60)
+        assert r.exit_code == 0, r
+        await _refused(u.files.read(via), via)
+        await _refused(u.files.write(via, b"forged"), via)
+        await _refused(u.files.download_tar(via), via)
+        if via != link:  # through a directory link: the entry itself is protected
+            await _refused(u.files.stat(via), via)
+            await _refused(u.files.remove(via), via)
+            await _refused(u.files.list(via.rsplit("/", 1)[0]), via.rsplit("/", 1)[0])
+
+
+@pytest.mark.parametrize("backend", ["microvm", "vm"])
+async def test_guest_files_api_keeps_a_user_out_of_protected_paths(guest_server, backend):
+    tokens = await _tokens(guest_server)
+    async with dsec.AsyncClient(guest_server.url, tokens["user"], timeout=300) as uc, \
+            dsec.AsyncClient(guest_server.url, tokens["grader"], timeout=300) as gc:
+        u = await uc.create(backend=backend, memory_mb=256, protected_paths=["/grader"])
+        try:
+            g = await gc.get(u.id)
+            await g.files.write("/grader/secret.txt", SECRET)  # the grader's files API writes
+            await _user_attacks(u)
+            assert await g.files.read("/grader/secret.txt") == SECRET
+            assert [e.name for e in await g.files.list("/grader")] == ["secret.txt"]
+            assert (await g.files.stat("/grader/secret.txt")).size == len(SECRET)
+            await g.files.write("/grader/secret.txt", b"graded\n")
+            assert await g.files.read("/grader/secret.txt") == b"graded\n"
+            await u.files.write("/tmp/ok.txt", b"ok")  # the rest stays open to the user
+            assert await u.files.read("/tmp/ok.txt") == b"ok"
+        finally:
+            await u.stop()
