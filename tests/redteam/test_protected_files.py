@@ -304,26 +304,33 @@ async def linked_layer(client, server, tmp_path):
     await client.remove_image(tag)
 
 
-async def test_a_hard_link_in_an_image_layer_is_refused(roles, client, linked_layer):
+async def test_an_image_giving_a_protected_file_another_name_is_refused(roles, linked_layer):
+    with pytest.raises(dsec.InvalidArgument, match="protected file /grader/secret.txt 2 more"):
+        await roles.clients["user"].create(image="busybox", layers=[linked_layer],
+                                           memory_mb=64, protected_paths=["/grader"])
+    # both names protected: nothing reaches the file by a name outside
     sb = await roles.clients["user"].create(image="busybox", layers=[linked_layer],
-                                            memory_mb=64, protected_paths=["/grader"])
-    try:
-        g = await roles.clients["grader"].get(sb.id)
-        r = await g.exec("stat -c %h /srv/h", grading=True)
-        assert r.stdout == "3\n", ("the layer keeps the hard link", r)
-        for path in ("/srv/h", "/srv/d/h2", "/srv/d/../h"):
-            with pytest.raises(dsec.Forbidden, match=f"{path} is protected: it is a hard link"):
-                await sb.files.read(path)
-            with forbidden(path):
-                await sb.files.write(path, b"forged")
-            with forbidden(path):
-                await sb.files.stat(path)
-        with pytest.raises(dsec.Forbidden, match="hard link"):
-            await sb.files.download_tar("/srv")
-        with pytest.raises(dsec.Forbidden, match="hard link"):
-            await sb.files.download_tar("/srv/d/h2")
-        assert await sb.files.read("/srv/plain.txt") == b"plain\n"  # the rest stays open
-        assert await g.files.read("/srv/h") == SECRET  # the grader still reads it
-        assert await g.files.read("/grader/secret.txt") == SECRET
-    finally:
-        await sb.stop()
+                                            memory_mb=64, protected_paths=["/grader", "/srv"])
+    await sb.stop()
+
+
+async def test_a_hard_link_the_grading_step_made_is_refused(roles):
+    sb, g = roles.sb["user"], roles.sb["grader"]
+    r = await g.exec("mkdir -p /srv/d && ln /grader/secret.txt /srv/h && "
+                     "ln /grader/secret.txt /srv/d/h2 && echo plain > /srv/plain.txt",
+                     grading=True)
+    assert r.exit_code == 0, r
+    for path in ("/srv/h", "/srv/d/h2", "/srv/d/../h"):
+        with pytest.raises(dsec.Forbidden, match=f"{path} is protected: it is a hard link"):
+            await sb.files.read(path)
+        with forbidden(path):
+            await sb.files.write(path, b"forged")
+        with forbidden(path):
+            await sb.files.stat(path)
+    with pytest.raises(dsec.Forbidden, match="hard link"):
+        await sb.files.download_tar("/srv")
+    with pytest.raises(dsec.Forbidden, match="hard link"):
+        await sb.files.download_tar("/srv/d/h2")
+    assert await sb.files.read("/srv/plain.txt") == b"plain\n"  # the rest stays open
+    assert await g.files.read("/srv/h") == SECRET  # the grader still reads it
+    await intact(roles)

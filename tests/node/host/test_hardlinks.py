@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from dsec.api.errors import Forbidden
-from dsec.node.host.hardlinks import protected_inodes
+from dsec.node.host.hardlinks import protected_inodes, stray_names
 from dsec.node.host.rooted import RootedFiles
 
 
@@ -66,3 +66,11 @@ def test_other_files_and_the_grading_identity_are_served(root):
     assert grader.open_read("/srv/h").read() == b"secret"
     with tarfile.open(fileobj=io.BytesIO(b"".join(grader.tar_out("/srv")))) as tf:
         assert "srv/h" in tf.getnames()
+
+
+def test_stray_names_are_those_outside_every_protected_path(root):
+    files = RootedFiles(str(root))
+    found = stray_names(files.open_path, ("/grader", "/hidden.sh"))
+    assert sorted(found) == [("/grader/secret.txt", 2, 1), ("/grader/sub/deep.txt", 2, 1),
+                             ("/hidden.sh", 2, 1)]
+    assert stray_names(files.open_path, ("/grader", "/hidden.sh", "/srv")) == []

@@ -27,7 +27,7 @@ from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
 from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.files import FileOps
-from dsec.node.host import cgroups, mounts
+from dsec.node.host import cgroups, hardlinks, mounts
 from dsec.node.host.charged import Charge
 from dsec.node.host.oci import ContainerConfig, build_config
 from dsec.node.host.rooted import RootedFiles
@@ -74,6 +74,8 @@ class ContainerBackend(Backend):
         (d / "config.json").write_text(json.dumps(cfg))
         listener = self._listen(d / "agent.sock")
         try:
+            if rec.spec.protected_paths:
+                await asyncio.to_thread(self._refuse_stray_links, rec, d)
             await self._runc_run(rec.id, d, listener)
         except BaseException:
             listener.close()
@@ -104,6 +106,20 @@ class ContainerBackend(Backend):
         if len(opts) > 4000:
             raise InvalidArgument(f"too many layers for one overlay ({len(lowerdirs)})")
         mounts.mount("overlay", rootfs, "overlay", 0, opts)
+
+    @staticmethod
+    def _refuse_stray_links(rec: SandboxRecord, d: Path) -> None:
+        """InvalidArgument if the image gives a protected file a name outside the protected
+        paths (a hard link in a layer): agent commands could read it by that name."""
+        files = RootedFiles(str(d / "rootfs"))
+        stray = hardlinks.stray_names(files.open_path, rec.spec.protected_paths)
+        if stray:
+            path, total, inside = stray[0]
+            raise InvalidArgument(
+                f"the image gives the protected file {path} {total - inside} more name(s) "
+                f"outside protected_paths (hard links, {total} names in all), through which "
+                "agent commands could read it; remove those links from the image, or "
+                "protect the directories that hold them too")
 
     def _config(self, rec: SandboxRecord, d: Path, image_cfg) -> dict:
         env = {"PATH": DEFAULT_PATH, "HOSTNAME": rec.id, "HOME": "/root", "TERM": "xterm"}

@@ -8,16 +8,20 @@ by ``(st_dev, st_ino)``, one under a protected path.
 
 Cheap by construction: only a non-directory with ``st_nlink > 1`` can be such a link (a
 directory cannot be hard-linked), so only then are the protected paths walked, once per
-file operation, and only their multiply-linked files are kept.
+file operation, and only their multiply-linked files are kept. At create, a container
+whose image gives a protected file a name outside the protected paths is refused
+(:func:`stray_names`): Landlock, which checks the path an agent command names, cannot see
+such a name either.
 """
 
 from __future__ import annotations
 
 import os
 import stat as st
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import PurePosixPath
 
-__all__ = ["Inode", "linked", "protected_inodes"]
+__all__ = ["Inode", "linked", "protected_inodes", "stray_names"]
 
 Inode = tuple[int, int]
 
@@ -27,12 +31,9 @@ def linked(s: os.stat_result) -> bool:
     return not st.S_ISDIR(s.st_mode) and s.st_nlink > 1
 
 
-def protected_inodes(open_in_root: Callable[[str], int],
-                     protected: Sequence[str]) -> dict[Inode, str]:
-    """``(st_dev, st_ino)`` of every multiply-linked file at or under a protected path,
-    mapped to that protected path. ``open_in_root(path)`` opens a sandbox path (resolved in
-    the sandbox root) as an fd (O_PATH will do); protected paths that do not exist are skipped."""
-    found: dict[Inode, str] = {}
+def _linked_names(open_in_root: Callable[[str], int], protected: Sequence[str]
+                  ) -> Iterator[tuple[str, str, os.stat_result]]:
+    """(protected path, sandbox path, stat) of each multiply-linked file at or under one."""
     for top in protected:
         try:
             fd = open_in_root(top)
@@ -42,16 +43,42 @@ def protected_inodes(open_in_root: Callable[[str], int],
             s = os.fstat(fd)
             if not st.S_ISDIR(s.st_mode):
                 if linked(s):
-                    found[(s.st_dev, s.st_ino)] = top
+                    yield top, top, s
                 continue
-            for _d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
+            for d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
                 for name in names:
                     try:
                         e = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                     except OSError:
                         continue  # gone since the listing
                     if linked(e):
-                        found.setdefault((e.st_dev, e.st_ino), top)
+                        yield top, str(PurePosixPath(top, d, name)), e
         finally:
             os.close(fd)
+
+
+def protected_inodes(open_in_root: Callable[[str], int],
+                     protected: Sequence[str]) -> dict[Inode, str]:
+    """``(st_dev, st_ino)`` of every multiply-linked file at or under a protected path,
+    mapped to that protected path. ``open_in_root(path)`` opens a sandbox path (resolved in
+    the sandbox root) as an fd (O_PATH will do); protected paths that do not exist are
+    skipped."""
+    found: dict[Inode, str] = {}
+    for top, _path, s in _linked_names(open_in_root, protected):
+        found.setdefault((s.st_dev, s.st_ino), top)
     return found
+
+
+def stray_names(open_in_root: Callable[[str], int],
+                protected: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Files at or under protected paths with names outside them, as (path, names in all,
+    names inside): Landlock checks the path a command names, so such a name would give an
+    agent command the file."""
+    inside: dict[Inode, set[str]] = {}
+    first: dict[Inode, tuple[str, int]] = {}
+    for _top, path, s in _linked_names(open_in_root, protected):
+        key = (s.st_dev, s.st_ino)
+        inside.setdefault(key, set()).add(path)
+        first.setdefault(key, (path, s.st_nlink))
+    return [(path, nlink, len(inside[key])) for key, (path, nlink) in first.items()
+            if len(inside[key]) < nlink]

@@ -122,6 +122,10 @@ class RootedFiles:
         finally:
             os.close(rootfd)
 
+    def open_path(self, path: str) -> int:
+        """An ``O_PATH`` fd of ``path`` resolved in the root, unchecked (the caller closes)."""
+        return self._open_raw(path, os.O_PATH)
+
     def _where(self, fd: int) -> str:
         """The sandbox path the kernel resolved ``fd`` to."""
         real = os.readlink(f"/proc/self/fd/{fd}")
@@ -151,7 +155,7 @@ class RootedFiles:
         (this object serves one request)."""
         if self._inodes is None:
             self._inodes = hardlinks.protected_inodes(
-                lambda p: self._open_raw(p, os.O_PATH), self.protected)
+                self.open_path, self.protected)
         return self._inodes
 
     def check_inode(self, s: os.stat_result, asked: str) -> None:
