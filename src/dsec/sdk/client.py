@@ -49,6 +49,10 @@ def default_token() -> str | None:
         return None
 
 
+_DIRECT = frozenset({"json", "timeout"})  # what AsyncClient._direct sends itself
+_DEFAULT = object()
+
+
 @guarded
 class AsyncClient:
     """Talks to a dsec gateway. ``async with AsyncClient() as c: sb = await c.create()``."""
@@ -61,9 +65,11 @@ class AsyncClient:
         self.url = (url or default_url()).rstrip("/")
         self._token = token if token is not None else default_token()
         headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        self._transport = FastTransport(max_connections=256)
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
                                        timeout=httpx.Timeout(timeout, connect=10.0),
-                                       transport=FastTransport(max_connections=256))
+                                       transport=self._transport)
+        self._timeout = self._http.timeout.as_dict()
         self.jobs = AsyncJobs(self)
         self.projects = AsyncProjects(self)
 
@@ -83,10 +89,30 @@ class AsyncClient:
             raise InvalidArgument("this client is closed (by close() or at the end of its "
                                   "`with` block); make a new one")
         try:
-            resp = await self._http.request(method, path, **kw)
+            if kw.keys() <= _DIRECT:
+                resp = await self._direct(method, path, **kw)
+            else:
+                resp = await self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise translate(exc, f"{method} {path}", self.url) from exc
         await raise_for_status(resp)
+        return resp
+
+    async def _direct(self, method: str, path: str, json: Any = None,
+                      timeout: Any = _DEFAULT) -> httpx.Response:
+        """A request with at most a JSON body, straight to the transport: httpx's client
+        layers (URL merging, cookies, auth and redirect handling), which dsec's API never
+        needs, were half of this process's CPU per exec with 64 in flight. The headers
+        are the client's own, so the server sees the same request."""
+        t = self._timeout if timeout is _DEFAULT else httpx.Timeout(timeout).as_dict()
+        req = httpx.Request(method, self.url + path, headers=self._http.headers, json=json,
+                            extensions={"timeout": t})
+        resp = await self._transport.handle_async_request(req)
+        resp.request = req
+        try:
+            await resp.aread()
+        finally:
+            await resp.aclose()
         return resp
 
     async def _stream_lines(self, path: str, body: dict | None, method: str = "POST",
