@@ -161,9 +161,9 @@ async def test_an_idle_sandbox_gives_memory_back_while_running_and_a_busy_one_ke
         idle_node):
     node = idle_node
     idle_id, md5 = await holding(node, idle_reclaim_s=1)
+    held = (await node.get(idle_id)).memory_used_mb  # its spell starts a second after
     busy_id, _ = await holding(node, idle_reclaim_s=1)
     init = node.record(idle_id).runtime["init_pid"]
-    held = (await node.get(idle_id)).memory_used_mb
 
     async def requests() -> None:  # each marks the sandbox active
         while True:

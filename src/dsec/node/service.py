@@ -8,11 +8,13 @@ sandboxes again from SQLite and checks each one is really alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from dsec.api import limits
@@ -77,6 +79,8 @@ class NodeService:
         self._start_sem = asyncio.Semaphore(config.start_concurrency)
         self._stop_sem = asyncio.Semaphore(config.start_concurrency * 2)
         self.density = NodeDensity(config.density, self._persist)
+        self._in_flight: Counter[str] = Counter()  # execs still running, per sandbox
+        self.density.idle.in_flight = self._in_flight.__contains__
 
     @classmethod
     async def open(cls, config: NodeConfig,
@@ -509,14 +513,28 @@ class NodeService:
     async def exec(self, sb_id: str, req: ExecRequest) -> ExecResult:
         backend, rec = await self._active(sb_id)
         req = self._bounded(req)  # after the log saw the request as it was asked
-        with metrics.EXEC_SECONDS.labels(rec.spec.backend).time():
+        with metrics.EXEC_SECONDS.labels(rec.spec.backend).time(), self._running(rec):
             return await backend.exec(rec, req)
 
     @recorded_stream
     async def exec_stream(self, sb_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         backend, rec = await self._active(sb_id)
-        async for ev in backend.exec_events(rec, req):
-            yield ev
+        with self._running(rec):
+            async for ev in backend.exec_events(rec, req):
+                yield ev
+
+    @contextlib.contextmanager
+    def _running(self, rec: SandboxRecord) -> Iterator[None]:
+        """A request under way: idle reclaim leaves the sandbox alone until it ends, and
+        its end counts as activity too (a long exec is not idleness)."""
+        self._in_flight[rec.id] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[rec.id] -= 1
+            if not self._in_flight[rec.id]:
+                del self._in_flight[rec.id]
+            rec.last_active_at = time.time()
 
     async def process_start(self, sb_id: str, req: ProcessRequest) -> ProcessInfo:
         """Start a background process, kept and followed by pid (node/processes.py)."""

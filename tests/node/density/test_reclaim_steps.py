@@ -76,9 +76,6 @@ class Kernel:
     def memory_pressure(self, rel):
         return None
 
-    def cpu_usage_ns(self, rel):
-        return 0
-
     def reclaim(self, rel, nbytes):
         assert self.version == 2
         return self._free(self.memory_bytes("") - nbytes)

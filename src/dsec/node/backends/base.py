@@ -62,7 +62,6 @@ class Reclaim:
     note: str = ""      # why it stopped early, for the log and the sandbox's info
     refaults: int = 0   # the cgroup's refault count after it (idle reclaim watches it)
     pressure: float | None = None  # the cgroup's memory PSI some avg10, where it has one
-    cpu_ns: int = 0     # CPU time the sandbox used so far (idle reclaim: is it busy?)
 
     @property
     def freed_bytes(self) -> int:

@@ -135,8 +135,7 @@ def reclaim_running(driver: CgroupDriver, rel: str, memory_limit: int,
     after, stat = driver.memory_bytes(rel), driver.memory_stat(rel)
     return Reclaim(before_bytes=before, after_bytes=after, swapped_bytes=stat.swap,
                    complete=ask <= 0 or before - after < ask // 8, note=note,
-                   refaults=stat.refaults, pressure=driver.memory_pressure(rel),
-                   cpu_ns=driver.cpu_usage_ns(rel))
+                   refaults=stat.refaults, pressure=driver.memory_pressure(rel))
 
 
 def _why_stuck(swapped: int, allowance: int) -> str:
