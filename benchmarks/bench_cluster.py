@@ -197,14 +197,14 @@ async def overhead(cl: Cluster, n: int) -> tuple[list, list[str], dict]:
 
 
 # ---- 3. creations per second through 1, 2, 4 gateways ----
-async def throughput(cl: Cluster, duration: float, batch: int, workers: int
-                     ) -> tuple[list, list[str]]:
+async def throughput(cl: Cluster, duration: float, batch: int, workers: int,
+                     modes: tuple[str, ...] = ("batch", "single")) -> tuple[list, list[str]]:
     rows, notes, rates = [], [], {}
     nodes = cl.urls
     share = [batch // len(nodes) + (i < batch % len(nodes)) for i in range(len(nodes))]
     for g in (1, 2, 4):
         gws = [x.url for x in cl.gateways[:g]]
-        for mode in ("batch", "single"):
+        for mode in modes:
             for where in ("gateway", "node"):
                 pool = Pool()
                 await cl.clear()
@@ -251,12 +251,15 @@ async def throughput(cl: Cluster, duration: float, batch: int, workers: int
                              f"{rate / g:,.0f}" if gw else "—",
                              f"{gw_cpu * 1000 / made:.3f}" if gw else "—", f"{probes:,.0f}"])
     await cl.clear()
-    best_batch = max(rates[(g, "batch", "gateway")] for g in (1, 2, 4))
+    if "batch" in modes:
+        best_batch = max(rates[(g, "batch", "gateway")] for g in (1, 2, 4))
+        notes.append(f"≥ 5,000 sandboxes/s in aggregate with batches — "
+                     f"{verdict(best_batch >= 5000)} (best {best_batch:,.0f}/s; 1/2/4 "
+                     "gateways: " + ", ".join(f"{rates[(g, 'batch', 'gateway')]:,.0f}"
+                                            for g in (1, 2, 4)) + "/s).")
+    if "single" not in modes:
+        return rows, notes
     per_gw = {g: rates[(g, "single", "gateway")] / g for g in (1, 2, 4)}
-    notes.append(f"≥ 5,000 sandboxes/s in aggregate with batches — {verdict(best_batch >= 5000)} "
-                 f"(best {best_batch:,.0f}/s; 1/2/4 gateways: "
-                 + ", ".join(f"{rates[(g, 'batch', 'gateway')]:,.0f}" for g in (1, 2, 4))
-                 + "/s).")
     notes.append("≥ 1,000 single creates/s per gateway — "
                  f"{verdict(min(per_gw.values()) >= 1000)} (per gateway with 1/2/4 gateways: "
                  + ", ".join(f"{per_gw[g]:,.0f}" for g in (1, 2, 4)) + "/s; straight to the "
@@ -400,7 +403,10 @@ async def node_loss(cl: Cluster, n: int) -> tuple[list, list, list[str]]:
 
 
 # ---- the run ----
-async def main(quick: bool) -> None:
+PARTS = ("batch", "overhead", "batches", "singles", "spread", "loss")
+
+
+async def main(quick: bool, only: tuple[str, ...] = PARTS) -> None:
     nodes = 24 if quick else 160
     size = 4_000 if quick else 32_000
     load_before = common.load()
@@ -408,16 +414,25 @@ async def main(quick: bool) -> None:
     cl = Cluster(root, nodes)
     left: list[str] = []
     t_start = time.perf_counter()
+    rows1 = rows2 = rows3 = rows4 = rows5 = marks = None
+    notes1, notes2, notes3, notes4, notes5 = [], [], [], [], []
+    modes = tuple(m for m, part in (("batch", "batches"), ("single", "singles"))
+                  if part in only)
     try:
         t0 = time.perf_counter()
         await cl.start(gateways=4)
         startup = time.perf_counter() - t0
-        rows1, notes1 = await big_batch(cl, size, 5 if quick else 40)
-        rows2, notes2, _ = await overhead(cl, 50 if quick else 300)
-        rows3, notes3 = await throughput(cl, 1.5 if quick else 5.0,
-                                         size // 8, 16 if quick else 32)
-        rows4, notes4 = await spread(cl, 1_000 if quick else 10_000, 8 if quick else 16)
-        rows5, marks, notes5 = await node_loss(cl, 10 if quick else 50)
+        if "batch" in only:
+            rows1, notes1 = await big_batch(cl, size, 5 if quick else 40)
+        if "overhead" in only:
+            rows2, notes2, _ = await overhead(cl, 50 if quick else 300)
+        if modes:
+            rows3, notes3 = await throughput(cl, 1.5 if quick else 5.0,
+                                             size // 8, 16 if quick else 32, modes)
+        if "spread" in only:
+            rows4, notes4 = await spread(cl, 1_000 if quick else 10_000, 8 if quick else 16)
+        if "loss" in only:
+            rows5, marks, notes5 = await node_loss(cl, 10 if quick else 50)
     finally:
         left = await cl.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -425,25 +440,30 @@ async def main(quick: bool) -> None:
             left.append("temporary directory not removed")
     total = time.perf_counter() - t_start
 
-    body = "\n\n".join([
-        f"### One `create_many({size:,})` over {nodes} simulated nodes",
-        common.table(["path", "made", "wall s", "sandboxes/s", "per node max / mean",
-                      "create requests per sandbox", "watcher load probes meanwhile"], rows1),
-        "### Gateway overhead per request (sequential, one kept-alive connection)",
-        common.table(["request", "n", "gateway p50 ms", "gateway p99 ms", "node p50 ms",
-                      "node p99 ms", "added p50 ms", "added p99 ms"], rows2),
-        "### Creations per second through 1, 2 and 4 gateway processes",
-        common.table(["path", "requests", "made", "wall s", "sandboxes/s", "per gateway /s",
-                      "gateway CPU ms per sandbox", "watcher load probes /s (all gateways)"],
-                     rows3),
-        "### Evenness of single creates placed by 4 gateways at once",
-        common.table(["placement", "wall s", "max per node", "mean", "max / mean"], rows4),
-        "### Node loss",
-        common.table(["event", *[f"marked by gateway {i + 1} after s"
-                                 for i in range(len(cl.gateways))]], marks),
-        common.table(["request (GET a sandbox, through gateway 1)", "n", "p50 ms", "max ms",
-                      "answers"], rows5),
-    ])
+    sections = [
+        (rows1, f"### One `create_many({size:,})` over {nodes} simulated nodes",
+         lambda: common.table(["path", "made", "wall s", "sandboxes/s", "per node max / mean",
+                               "create requests per sandbox",
+                               "watcher load probes meanwhile"], rows1)),
+        (rows2, "### Gateway overhead per request (sequential, one kept-alive connection)",
+         lambda: common.table(["request", "n", "gateway p50 ms", "gateway p99 ms",
+                               "node p50 ms", "node p99 ms", "added p50 ms", "added p99 ms"],
+                              rows2)),
+        (rows3, "### Creations per second through 1, 2 and 4 gateway processes",
+         lambda: common.table(["path", "requests", "made", "wall s", "sandboxes/s",
+                               "per gateway /s", "gateway CPU ms per sandbox",
+                               "watcher load probes /s (all gateways)"], rows3)),
+        (rows4, "### Evenness of single creates placed by 4 gateways at once",
+         lambda: common.table(["placement", "wall s", "max per node", "mean", "max / mean"],
+                              rows4)),
+        (rows5, "### Node loss",
+         lambda: common.table(["event", *[f"marked by gateway {i + 1} after s"
+                                          for i in range(len(cl.gateways))]], marks)
+         + "\n\n" + common.table(["request (GET a sandbox, through gateway 1)", "n",
+                                    "p50 ms", "max ms", "answers"], rows5)),
+    ]
+    body = "\n\n".join(part for rows, title, table in sections if rows is not None
+                        for part in (title, table()))
     notes = notes1 + notes2 + notes3 + notes4 + notes5 + [
         f"{nodes} node agents: {len(cl.hosts) - 3} processes of up to {PER_HOST} (each node its "
         "own uvicorn server, port, SQLite store and trajectory log) and 3 of one node each "
@@ -461,11 +481,12 @@ async def main(quick: bool) -> None:
         f"Start-up of all processes: {startup:.1f} s; whole run: {total:.0f} s; load average "
         f"before the run {load_before}.",
         "Command: `.venv/bin/python benchmarks/bench_cluster.py" + (" --quick" if quick else "")
-        + "` (under the test lock).",
+        + ("" if only == PARTS else f" --only {','.join(only)}") + "` (under the test lock).",
         "Cleanup: " + ("every process ended, every port closed, state removed" if not left
                        else "LEFT: " + ", ".join(left)),
     ]
-    name = "cluster-quick" if quick else "cluster"
+    name = ("cluster-quick" if quick else "cluster") + ("" if only == PARTS
+                                                         else "-" + "-".join(only))
     common.publish(name, "Control-plane scale: gateways over simulated nodes"
                    + (" (quick)" if quick else ""), body, notes)
     if left:
@@ -473,9 +494,15 @@ async def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    args = common.parse_args(__doc__)
+    def _only(p):
+        p.add_argument("--only", default=",".join(PARTS),
+                       help=f"comma-separated parts to run, of {','.join(PARTS)}")
+    args = common.parse_args(__doc__, _only)
+    only = tuple(x for x in PARTS if x in args.only.split(","))
+    if unknown := set(args.only.split(",")) - set(PARTS):
+        raise SystemExit(f"--only: unknown parts {sorted(unknown)}; choose from {PARTS}")
     try:
         import uvloop
-        uvloop.run(main(args.quick))
+        uvloop.run(main(args.quick, only))
     except ImportError:
-        asyncio.run(main(args.quick))
+        asyncio.run(main(args.quick, only))

@@ -155,3 +155,64 @@ async def test_waiters_for_the_creation_rate_are_served_in_arrival_order(tmp_pat
         await asyncio.sleep(0)  # its first step joins the line: arrival order is i
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert order == list(range(8))
+
+
+async def test_creates_asked_for_together_share_one_commit(tmp_path, monkeypatch):
+    """Twenty admissions started in one loop turn: one write transaction, and each gets
+    its own room (the quota of 15 holds: five are refused)."""
+    p = _projects(tmp_path)
+    p.store.create("g", Quota(sandboxes=15))
+    groups = []
+    real = p.ledger.transaction
+
+    def counted():
+        groups.append(1)
+        return real()
+
+    monkeypatch.setattr(p.ledger, "transaction", counted)
+    got = await asyncio.gather(*(p.admission.admit("g", ONE, 0) for _ in range(20)),
+                               return_exceptions=True)
+    admitted_ = [r for r in got if not isinstance(r, BaseException)]
+    assert len(groups) == 1
+    assert len(admitted_) == 15 and len({k for r in admitted_ for k in r.keys}) == 15
+    assert all(type(r).__name__ == "QuotaExceeded" for r in got if r not in admitted_)
+    assert p.ledger.conn.execute("SELECT count(*) FROM held WHERE path = 'g'").fetchone()[0] \
+        == 15
+
+
+async def test_a_refused_create_that_waits_blocks_later_ones_of_its_group(tmp_path):
+    """In one group, big A (does not fit, waits) comes before small B (would fit): B must
+    not pass A, as it would not have one after the other."""
+    p = _projects(tmp_path)
+    p.store.create("h", Quota(cpu=1.0))
+    order: list[str] = []
+
+    async def one(name: str, ask: Ask):
+        res = await p.admission.admit("h", ask, 30)
+        order.append(name)
+        return res
+
+    a = asyncio.create_task(one("A", Ask(1, 2.0, 64)))
+    b = asyncio.create_task(one("B", Ask(1, 0.5, 64)))
+    await _let_others_run()
+    assert order == [] and [w.ticket for w in p.admission.lines["h"]] == sorted(
+        w.ticket for w in p.admission.lines["h"]) and len(p.admission.lines["h"]) == 2
+    a.cancel()
+    res_b = await asyncio.wait_for(b, 30)  # A gone: B is the head, and fits
+    assert order == ["B"] and len(res_b.keys) == 1
+
+
+async def test_a_cancelled_create_gives_its_room_back_and_leaves_no_place(tmp_path):
+    """Cancelled before its group commits: what it was given goes back, and it holds no
+    place in line."""
+    p = _projects(tmp_path)
+    p.store.create("k", Quota(sandboxes=1))
+    t = asyncio.create_task(p.admission.admit("k", ONE, 30))
+    await asyncio.sleep(0)  # asked for; the group commits in the next turn
+    t.cancel()
+    await _let_others_run()
+    assert "k" not in p.admission.lines
+    assert p.ledger.conn.execute("SELECT count(*) FROM held WHERE path = 'k'").fetchone()[0] \
+        == 0
+    res = await p.admission.admit("k", ONE, 0)
+    assert len(res.keys) == 1

@@ -70,6 +70,7 @@ class _NodeActor:
 
         from dsec.cluster.local import LocalCluster
         from dsec.gateway.app import create_app
+        from dsec.gateway.coalesce import CoalescingProtocol
         from dsec.node.config import NodeConfig
         from dsec.node.service import NodeService
 
@@ -82,6 +83,7 @@ class _NodeActor:
                          node_api=True)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                     log_level="warning", access_log=False,
+                                                    http=CoalescingProtocol,
                                                     timeout_keep_alive=NODE_KEEPALIVE_S,
                                                     ws="websockets-sansio"))
         self._task = asyncio.create_task(self.server.serve())

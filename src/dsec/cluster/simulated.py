@@ -26,6 +26,8 @@ from pathlib import Path
 
 import uvicorn
 
+from dsec.gateway.coalesce import CoalescingProtocol
+
 __all__ = ["SimulatedNodes", "RequestCounter", "route_of"]
 
 
@@ -96,6 +98,7 @@ class SimulatedNodes:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         server = _Server(uvicorn.Config(counter, log_level="warning", access_log=False,
+                                          http=CoalescingProtocol,
                                           timeout_keep_alive=NODE_KEEPALIVE_S, lifespan="on"))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:

@@ -14,6 +14,7 @@ from dsec.cluster.local import LocalCluster
 from dsec.gateway import logs
 from dsec.gateway.app import create_app
 from dsec.gateway.auth import load_or_create_token
+from dsec.gateway.coalesce import CoalescingProtocol
 from dsec.gateway.projects import Projects
 from dsec.node.config import NodeConfig
 
@@ -31,7 +32,8 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
     _write_private(config.state_dir / "url", f"http://{host}:{port}\n")
     app = create_app(cluster, token, projects=_projects(config.state_dir, token))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           access_log=False, ws="websockets-sansio",
+                                           access_log=False, http=CoalescingProtocol,
+                                           ws="websockets-sansio",
                                            log_config=None))  # logs.configure's JSON
     slog.info(f"dsec: serving on http://{host}:{port}", url=f"http://{host}:{port}",
               node=cluster.node.node_id, sandboxes_recovered=len(cluster.node.records))
@@ -78,6 +80,7 @@ async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: 
     app = create_app(cluster, token, projects=_projects(state_dir, token))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                            log_level="warning", access_log=False,
+                                           http=CoalescingProtocol,
                                            ws="websockets-sansio", log_config=None))
     slog.info(f"dsec: gateway on http://{host}:{port} over {over}",
               url=f"http://{host}:{port}", over=over)

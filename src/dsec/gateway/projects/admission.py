@@ -14,6 +14,10 @@ Every grant is also checked against arrival order by
 :class:`~dsec.gateway.projects.order.ArrivalOrder`, which counts (Prometheus
 ``dsec_gateway_admissions_out_of_order_total``, per project) any grant made while an
 earlier create of its project was still waiting: 0 when the line keeps its order.
+
+The reservations asked for in one turn of the event loop are taken in one transaction
+(group commit: a commit was most of an admission's cost), decided in arrival order, each
+as it would have been alone.
 """
 
 from __future__ import annotations
@@ -56,10 +60,21 @@ class _Spot:
         self.waiting = True
 
 
+class _Try:
+    """One reservation asked for in the current group."""
+
+    __slots__ = ("spot", "ask", "partial", "waits", "fut")
+
+    def __init__(self, spot: _Spot, ask: Ask, partial: bool, waits: bool,
+                 fut: asyncio.Future) -> None:
+        self.spot, self.ask, self.partial, self.waits, self.fut = spot, ask, partial, waits, fut
+
+
 class Admission:
     def __init__(self, ledger: Ledger, quotas: Callable[[list[str]], dict[str, Quota]],
                  poll_s: float = 0.2, order: ArrivalOrder | None = None) -> None:
         self.ledger, self.quotas, self.poll_s = ledger, quotas, poll_s
+        self._group: list[_Try] = []  # reservations asked for in this loop turn
         self.lines: dict[str, list[_Waiter]] = {}  # per project, in ticket order
         self.order = order or ArrivalOrder(metrics.admitted)
         self._tickets = itertools.count()
@@ -121,15 +136,58 @@ class Admission:
         else:
             del self.lines[spot.path]
 
-    def _try(self, path: str, ask: Ask, partial: bool) -> Reservation:
-        return self.ledger.reserve(path, self.quotas(ancestors(path)), ask, partial)
+    # ---- group commit ----
+    def _try(self, spot: _Spot, ask: Ask, partial: bool, waits: bool) -> asyncio.Future:
+        """The reservation for ``ask``, taken with the others asked for in this turn of
+        the event loop in one transaction (one commit for a group of creates, not one
+        each; ``call_soon``, so none waits for a timer)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._group.append(_Try(spot, ask, partial, waits, fut))
+        if len(self._group) == 1:
+            asyncio.get_running_loop().call_soon(self._commit)
+        return fut
+
+    def _commit(self) -> None:
+        """Decide a group in arrival order, as one after another would have been: one
+        refused that will wait joins its line here, before anyone hears an answer, and
+        a later one of its project in the group is behind it, not tried."""
+        group, self._group = self._group, []
+        out: list[Reservation] = []
+        waiting: list[_Try] = []
+        blocked: set[str] = set()
+        try:
+            with self.ledger.transaction():
+                for t in group:
+                    path = t.spot.path
+                    if path in blocked:
+                        res = Reservation(path, problem=_BEHIND)
+                    else:
+                        res = self.ledger.take(path, self.quotas(ancestors(path)), t.ask,
+                                               t.partial)
+                    if res.problem is not None and t.waits:
+                        blocked.add(path)
+                        waiting.append(t)
+                    out.append(res)
+        except BaseException as exc:  # noqa: BLE001 - each caller hears it
+            for t in group:
+                if not t.fut.done():
+                    t.fut.set_exception(exc)
+            return
+        for t in waiting:
+            if not t.fut.done():  # a cancelled caller has left already: no place for it
+                self._join(t.spot)
+        for t, res in zip(group, out):
+            if not t.fut.done():  # its caller may have been cancelled meanwhile
+                t.fut.set_result(res)
+            elif res.keys:
+                self.give_back(res.keys)
 
     async def _reserve(self, spot: _Spot, ask: Ask, deadline: float, wait_s: float,
                        partial: bool, clock: Callable[[], float]) -> Reservation:
         """Room for ``ask``: at once when nobody is in line, else in line at the spot's
         place until it fits at the head (the spot stays in line; its caller leaves)."""
         if spot.waiter is None and not self.lines.get(spot.path):
-            res = self._try(spot.path, ask, partial)
+            res = await self._try(spot, ask, partial, wait_s > 0)
             if res.problem is None:
                 return self._granted(spot, res)
             if wait_s <= 0:
@@ -139,7 +197,7 @@ class Admission:
         while True:
             head = self.lines[spot.path][0] is me
             if head:
-                res = self._try(spot.path, ask, partial)
+                res = await self._try(spot, ask, partial, False)
                 if res.problem is None:
                     return self._granted(spot, res)
             left = deadline - clock()

@@ -102,33 +102,45 @@ class Ledger:
                 partial: bool = False) -> Reservation:
         """Take room for ``ask`` (with ``partial``, for as many of it as fit) under every
         quota from the root down to ``path``, in one transaction."""
+        with self._write():
+            return self.take(path, quotas, ask, partial)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction for several :meth:`take` (a group of admissions: one
+        commit instead of one per create)."""
+        with self._write():
+            yield
+
+    def take(self, path: str, quotas: dict[str, Quota], ask: Ask,
+             partial: bool = False) -> Reservation:
+        """:meth:`reserve` inside a :meth:`transaction` the caller holds."""
         chain_paths = ancestors(path)
         now = time.time()
-        with self._write():
-            used = self._usage(chain_paths)
-            chain = [(p, quotas.get(p) or Quota(),
-                      Usage(**dict(zip(("sandboxes", "cpu", "memory_mb"), used[p][:3])))
-                      if p in used else Usage()) for p in chain_paths]
-            n = _fits(chain, ask)
-            rates = [(p, quotas[p].creations_per_s) for p in chain_paths
-                     if p in quotas and quotas[p].creations_per_s is not None]
-            buckets = {}
-            for p, rate in rates:
-                tokens = refill(*(used[p][3:5] if p in used else (None, None)), rate, now)
-                buckets[p] = tokens
-                n = min(n, math.floor(tokens + 1e-9))
-            if n < (1 if partial else ask.count):
-                return self._refusal(path, chain, ask, rates, buckets, n)
-            for p, rate in rates:
-                self.conn.execute(
-                    "INSERT INTO usage (path, bucket, bucket_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT(path) DO UPDATE SET bucket = excluded.bucket, "
-                    "bucket_at = excluded.bucket_at", (p, buckets[p] - n, now))
-            keys = [f"res-{secrets.token_hex(8)}" for _ in range(n)]
-            self.conn.executemany("INSERT INTO held (key, path, cpu, memory_mb, at) "
-                                  "VALUES (?, ?, ?, ?, ?)",
-                                  [(k, path, ask.cpu, ask.memory_mb, now) for k in keys])
-            self._add(path, n, ask.cpu * n, ask.memory_mb * n)
+        used = self._usage(chain_paths)
+        chain = [(p, quotas.get(p) or Quota(),
+                  Usage(**dict(zip(("sandboxes", "cpu", "memory_mb"), used[p][:3])))
+                  if p in used else Usage()) for p in chain_paths]
+        n = _fits(chain, ask)
+        rates = [(p, quotas[p].creations_per_s) for p in chain_paths
+                 if p in quotas and quotas[p].creations_per_s is not None]
+        buckets = {}
+        for p, rate in rates:
+            tokens = refill(*(used[p][3:5] if p in used else (None, None)), rate, now)
+            buckets[p] = tokens
+            n = min(n, math.floor(tokens + 1e-9))
+        if n < (1 if partial else ask.count):
+            return self._refusal(path, chain, ask, rates, buckets, n)
+        for p, rate in rates:
+            self.conn.execute(
+                "INSERT INTO usage (path, bucket, bucket_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(path) DO UPDATE SET bucket = excluded.bucket, "
+                "bucket_at = excluded.bucket_at", (p, buckets[p] - n, now))
+        keys = [f"res-{secrets.token_hex(8)}" for _ in range(n)]
+        self.conn.executemany("INSERT INTO held (key, path, cpu, memory_mb, at) "
+                              "VALUES (?, ?, ?, ?, ?)",
+                              [(k, path, ask.cpu, ask.memory_mb, now) for k in keys])
+        self._add(path, n, ask.cpu * n, ask.memory_mb * n)
         return Reservation(path, keys)
 
     def _refusal(self, path, chain, ask, rates, buckets, n) -> Reservation:
