@@ -85,9 +85,10 @@ async def test_the_count_sees_a_line_that_lost_its_order(tmp_path, broken):
     kind = NewestFirst if broken else Admission
     await _line_of_ten(kind(p.ledger, p.store.quotas, order=order), p, "l")
     assert len(seen) == 11
-    # newest first: the ten waiters are served 10, 9, ... 1, and each but the last
-    # passes someone still waiting
-    assert seen.count(False) == (9 if broken else 0)
+    # newest first: the ten waiters are served newest first, and all but the last one
+    # or two pass someone still waiting (8 when the admissions' group commit lets the
+    # oldest take the room freed while the newest's try is in flight)
+    assert seen.count(False) >= 8 if broken else seen.count(False) == 0
 
 
 # ---- a burst over HTTP ----
