@@ -5,7 +5,7 @@ import dsec
 from tests.redteam.netpeer import (DnsPeer, Peer, acquire, release, sandbox_links, sh,
                                    start_net_server,
                                    wait_links_gone)
-from tests.support.server import leftovers
+from tests.support.server import ServerProcess, leftovers
 
 
 def _destroy_server(srv) -> None:
@@ -46,3 +46,14 @@ def dns_peer():
 async def net_client(net_server):
     async with dsec.AsyncClient(net_server.url, net_server.token) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def guest_server():
+    """A server with the microvm and vm backends, one per test module; nothing left after."""
+    srv = ServerProcess(backends=["microvm", "vm"]).start()
+    yield srv
+    srv.stop_all_sandboxes()
+    left = leftovers(srv.state_dir)
+    srv.destroy()
+    assert not left, left

@@ -15,7 +15,6 @@ import dsec
 from dsec.node.host.oci import CAPABILITIES
 from tests.redteam.probes import build_probe
 from tests.redteam.test_agent_channel import PROBE, _attempts
-from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,16 +23,6 @@ CAP_BITS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID"
             "CAP_NET_BIND_SERVICE": 10, "CAP_SYS_CHROOT": 18, "CAP_AUDIT_WRITE": 29,
             "CAP_SETFCAP": 31}
 CONTAINER_CAPS = f"{sum(1 << CAP_BITS[c] for c in CAPABILITIES):016x}"
-
-
-@pytest.fixture(scope="module")
-def guest_server():
-    srv = ServerProcess(backends=["microvm", "vm"]).start()
-    yield srv
-    srv.stop_all_sandboxes()
-    left = leftovers(srv.state_dir)
-    srv.destroy()
-    assert not left, left
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import tarfile
 import pytest
 
 import dsec
-from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -25,16 +24,6 @@ LINKS = [("/tmp/l", "/grader/secret.txt", "/tmp/l"),          # a file symlink
          ("/tmp/g", "/grader", "/tmp/g/secret.txt"),           # a directory symlink
          ("/tmp/r", "/", "/tmp/r/grader/secret.txt"),          # the root, by a symlink
          ("/tmp/rel", "../grader/secret.txt", "/tmp/rel")]     # a relative one climbing out
-
-
-@pytest.fixture(scope="module")
-def guest_server():
-    srv = ServerProcess(backends=["microvm", "vm"]).start()
-    yield srv
-    srv.stop_all_sandboxes()
-    left = leftovers(srv.state_dir)
-    srv.destroy()
-    assert not left, left
 
 
 async def _tokens(srv) -> dict[str, str]:

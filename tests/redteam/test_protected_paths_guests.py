@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 import dsec
-from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -17,16 +16,6 @@ ATTACKS = ["cat /grader/secret.txt", "ls /grader", "echo forged > /grader/secret
            "ln /grader/secret.txt /tmp/h && cat /tmp/h",
            "ln -s /grader/secret.txt /tmp/s && cat /tmp/s",
            "cat /proc/self/root/grader/secret.txt", "chroot / cat /grader/secret.txt"]
-
-
-@pytest.fixture(scope="module")
-def guest_server():
-    srv = ServerProcess(backends=["microvm", "vm"]).start()
-    yield srv
-    srv.stop_all_sandboxes()
-    left = leftovers(srv.state_dir)
-    srv.destroy()
-    assert not left, left
 
 
 @pytest.mark.parametrize("backend", ["microvm", "vm"])

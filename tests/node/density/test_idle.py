@@ -110,33 +110,35 @@ async def test_idle_sandboxes_drain_step_by_step_and_active_ones_are_left_alone(
     assert IDLE_KEY not in idle.runtime
 
 
-async def test_a_sandbox_whose_pages_come_back_is_left_alone():
+async def _steps_around(disturb) -> tuple[SandboxRecord, int, int]:
+    """One step, ``disturb(kernel)``, one more; then five passes. Returns the record and
+    the limit steps taken before and after those five."""
     backend = Modelled()
     rec = record("sb-x", time.time() - 60)
     k = backend.kernels[rec.id] = RunningKernel(pinned=0)
     reclaimer = IdleReclaimer(30.0, 1.0, 8 * MiB, lambda rec, step: plan(), lambda r: None)
     await reclaimer.pass_once([rec], {"container": backend})
-    k.refaults += 2000  # what went out was read straight back: it is in use
+    disturb(k)
     await reclaimer.pass_once([rec], {"container": backend})
     steps = len([w for w in k.writes if w[0] == "limit"])
     for _ in range(5):
         await reclaimer.pass_once([rec], {"container": backend})
-    assert len([w for w in k.writes if w[0] == "limit"]) == steps
+    return rec, steps, len([w for w in k.writes if w[0] == "limit"])
+
+
+async def test_a_sandbox_whose_pages_come_back_is_left_alone():
+    def came_back(k):  # what went out was read straight back: it is in use
+        k.refaults += 2000
+    rec, steps, later = await _steps_around(came_back)
+    assert later == steps
     assert "in use" in rec.runtime[IDLE_KEY]["note"]
 
 
 async def test_a_sandbox_stalled_on_memory_is_left_alone():
-    backend = Modelled()
-    rec = record("sb-x", time.time() - 60)
-    k = backend.kernels[rec.id] = RunningKernel(pinned=0)
-    reclaimer = IdleReclaimer(30.0, 1.0, 8 * MiB, lambda rec, step: plan(), lambda r: None)
-    await reclaimer.pass_once([rec], {"container": backend})
-    k.pressure = 2.5  # its tasks wait on memory (PSI): what went out is missed
-    await reclaimer.pass_once([rec], {"container": backend})
-    steps = len([w for w in k.writes if w[0] == "limit"])
-    for _ in range(5):
-        await reclaimer.pass_once([rec], {"container": backend})
-    assert len([w for w in k.writes if w[0] == "limit"]) == steps == 4
+    def stalled(k):  # its tasks wait on memory (PSI): what went out is missed
+        k.pressure = 2.5
+    rec, steps, later = await _steps_around(stalled)
+    assert later == steps == 4
     assert rec.runtime[IDLE_KEY]["note"] == "memory pressure 2.5 %"
 
 
