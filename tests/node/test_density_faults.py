@@ -127,7 +127,13 @@ async def test_no_zram_module_is_logged_and_pause_still_freezes(tmp_path, monkey
         assert frozen(sb_id)
         info = await reclaimed(svc, sb_id)
         assert info.state == "paused" and frozen(sb_id)
-        assert info.memory_swapped_mb == 0 and swap_allowed(sb_id, 256 * MiB) == 0, info
+        assert swap_allowed(sb_id, 256 * MiB) == 0, info
+        # The node's own steps swap nothing (they would push out the 40 MB the sandbox
+        # holds). The host's real swap is still there, and the kernel's global reclaim
+        # (kswapd, once a long run has filled memory with page cache) may move a few of
+        # its pages there whatever the node does: hence not exactly 0.
+        assert info.memory_swapped_mb < 4, info
+        assert "no swap" in info.reclaim, info
         await intact(svc, sb_id, md5, init)
         limits_as_running(sb_id, 256 * MiB)
     finally:
