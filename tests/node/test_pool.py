@@ -78,3 +78,45 @@ async def test_pool_is_not_listed_and_survives_a_restart(pooled_server):
             assert sb.id in pool
         finally:
             await sb.stop()
+
+
+@pytest.fixture
+def linked_pool_server(tmp_path):
+    """A server whose warm pool holds a sandbox of an image in which /srv/h is a hard link
+    to /grader/secret.txt (busybox plus that layer), made before the pool fills."""
+    from dsec.images import ImageService
+    root = tmp_path / "layer"
+    (root / "grader").mkdir(parents=True)
+    (root / "srv").mkdir()
+    (root / "grader" / "secret.txt").write_bytes(b"expected-answer-42\n")
+    (root / "srv" / "h").hardlink_to(root / "grader" / "secret.txt")
+    srv = ServerProcess()
+    images = ImageService(srv.state_dir)
+    images.ensure_busybox()
+    images.import_rootfs(root, "pool/linked:v1", base="busybox")
+    images.unmount_all()
+    srv.extra_args = ["--warm-pool", "pool/linked:v1=1"]
+    srv.start()
+    yield srv
+    srv.destroy()
+    assert leftovers(srv.state_dir) == []
+
+
+async def test_a_pooled_create_refuses_an_image_linking_a_protected_file(linked_pool_server):
+    srv = linked_pool_server
+    pool = await _wait_pool(srv, 1, set())
+    async with dsec.AsyncClient(srv.url, srv.token) as c:
+        for _ in range(2):  # the second answer is the remembered one
+            with pytest.raises(dsec.InvalidArgument,
+                               match="protected file /grader/secret.txt 1 more name"):
+                await c.create(image="pool/linked:v1", memory_mb=64,
+                               protected_paths=["/grader"])
+        # both names protected: allowed, and served by the same pooled sandbox (kept)
+        sb = await c.create(image="pool/linked:v1", memory_mb=64,
+                            protected_paths=["/grader", "/srv"])
+        try:
+            assert sb.id in pool
+            r = await sb.exec("cat /srv/h /grader/secret.txt")
+            assert r.exit_code != 0 and "expected-answer" not in r.stdout, r
+        finally:
+            await sb.stop()

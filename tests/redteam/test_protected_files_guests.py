@@ -93,3 +93,36 @@ async def test_guest_files_api_keeps_a_user_out_of_protected_paths(guest_server,
             assert await u.files.read("/tmp/ok.txt") == b"ok"
         finally:
             await u.stop()
+
+
+@pytest.fixture
+async def linked_layer(guest_server, tmp_path):
+    """A layer whose /srv/h (and /srv/d/h2) is a hard link to its /grader/secret.txt."""
+    import asyncio
+
+    from dsec.images import ImageService
+    root = tmp_path / "layer"
+    (root / "grader").mkdir(parents=True)
+    (root / "srv" / "d").mkdir(parents=True)
+    (root / "grader" / "secret.txt").write_bytes(SECRET)
+    (root / "srv" / "h").hardlink_to(root / "grader" / "secret.txt")
+    (root / "srv" / "d" / "h2").hardlink_to(root / "grader" / "secret.txt")
+    tag = f"pg/linked-{secrets.token_hex(4)}:v1"
+    images = ImageService(guest_server.state_dir)
+    await asyncio.to_thread(images.import_rootfs, root, tag)
+    yield tag
+    images.untag(tag)  # a guest-only node serves no image routes
+
+
+@pytest.mark.parametrize("backend", ["microvm", "vm"])
+async def test_a_guest_image_giving_a_protected_file_another_name_is_refused(
+        guest_server, linked_layer, backend):
+    """Refused at create, before a disk is built or a guest boots: agent commands (and the
+    files API, whose guest commands are agent commands) would read it by the other name."""
+    async with dsec.AsyncClient(guest_server.url, guest_server.token, timeout=300) as c:
+        for _ in range(2):  # the second answer is the one the node remembered
+            with pytest.raises(dsec.InvalidArgument,
+                               match="protected file /grader/secret.txt 2 more name"):
+                await c.create(backend=backend, image="busybox", layers=[linked_layer],
+                               memory_mb=256, protected_paths=["/grader"])
+        assert await c.list() == []

@@ -405,16 +405,24 @@ class NodeService:
 
     async def _adopt(self, rec: SandboxRecord, spec: SandboxSpec, t0: float) -> SandboxInfo:
         """Turn a pooled sandbox into the caller's: its limits, times and spec."""
+        backend = self.backends[spec.backend]
+        if spec.protected_paths:  # what start checks for a sandbox made for this create
+            try:
+                check_protection(backend, spec.backend)
+                await backend.refuse_stray_links(rec, spec.protected_paths)
+            except BaseException:
+                self.pool.add(rec)  # still untouched: the next create may take it
+                raise
         now = time.time()
         rec.spec, rec.created_at, rec.last_active_at = spec, now, now
         rec.expires_at = now + spec.ttl_s if spec.ttl_s else None
         self.records[rec.id] = rec
         try:
-            await self.backends[spec.backend].apply_spec(rec)
+            await backend.apply_spec(rec)
             await self.network.attach(rec, self.records.values())
         except BaseException:
             self.records.pop(rec.id, None)
-            await self.backends[spec.backend].stop(rec)
+            await backend.stop(rec)
             self.store.delete(rec.id)
             raise
         rec.state = "running"

@@ -13,6 +13,7 @@ the node can be killed and restarted while the agent keeps serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -27,8 +28,9 @@ from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
 from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.files import FileOps
-from dsec.node.host import cgroups, hardlinks, mounts
+from dsec.node.host import cgroups, mounts
 from dsec.node.host.charged import Charge
+from dsec.node.host.imagelinks import ImageLinks
 from dsec.node.host.oci import ContainerConfig, build_config
 from dsec.node.host.rooted import RootedFiles
 
@@ -55,6 +57,7 @@ class ContainerBackend(Backend):
         self.cgroups = cgroups.detect()
         self.merge = merge  # KSM: runc, and so the sandbox's init, start mergeable
         self.core = cpuclass.core_scheduling()
+        self.image_links = ImageLinks()  # the create-time hard-link check, per image once
         self.runc_root.mkdir(parents=True, exist_ok=True)
 
     # ---- paths ----
@@ -75,7 +78,8 @@ class ContainerBackend(Backend):
         listener = self._listen(d / "agent.sock")
         try:
             if rec.spec.protected_paths:
-                await asyncio.to_thread(self._refuse_stray_links, rec, d)
+                await asyncio.to_thread(self._refuse_stray_links, resolved.layer_digests,
+                                        rec.spec.protected_paths, d)
             await self._runc_run(rec.id, d, listener)
         except BaseException:
             listener.close()
@@ -107,19 +111,19 @@ class ContainerBackend(Backend):
             raise InvalidArgument(f"too many layers for one overlay ({len(lowerdirs)})")
         mounts.mount("overlay", rootfs, "overlay", 0, opts)
 
-    @staticmethod
-    def _refuse_stray_links(rec: SandboxRecord, d: Path) -> None:
+    def _refuse_stray_links(self, layer_digests: list[str], protected: list[str],
+                            d: Path) -> None:
         """InvalidArgument if the image gives a protected file a name outside the protected
-        paths (a hard link in a layer): agent commands could read it by that name."""
-        files = RootedFiles(str(d / "rootfs"))
-        stray = hardlinks.stray_names(files.open_path, rec.spec.protected_paths)
-        if stray:
-            path, total, inside = stray[0]
-            raise InvalidArgument(
-                f"the image gives the protected file {path} {total - inside} more name(s) "
-                f"outside protected_paths (hard links, {total} names in all), through which "
-                "agent commands could read it; remove those links from the image, or "
-                "protect the directories that hold them too")
+        paths (a hard link in a layer): agent commands could read it by that name. The
+        sandbox's rootfs at ``d`` is the image unmodified (nothing ran in it yet)."""
+        self.image_links.check(layer_digests, protected,
+                               lambda: contextlib.nullcontext(str(d / "rootfs")))
+
+    async def refuse_stray_links(self, rec: SandboxRecord, protected: list[str]) -> None:
+        """The same check for a pooled sandbox about to become one with ``protected``
+        paths (its rootfs holds only its image: nothing but the agent ran in it)."""
+        await asyncio.to_thread(self._refuse_stray_links, rec.runtime["layer_digests"],
+                                protected, self.sandbox_dir(rec.id))
 
     def _config(self, rec: SandboxRecord, d: Path, image_cfg) -> dict:
         env = {"PATH": DEFAULT_PATH, "HOSTNAME": rec.id, "HOME": "/root", "TERM": "xterm"}

@@ -45,6 +45,7 @@ from dsec.node.backends.microvm.runtime import (FAILED_STATES, connect_sync, mak
                                                  netns_path, port_connector, qemu_pss,
                                                  save_launch, wait_ready)
 from dsec.node.host import netns
+from dsec.node.host.imagelinks import ImageLinks, merged_view
 
 __all__ = ["MicroVMBackend", "MicroVMConfig"]
 
@@ -64,6 +65,7 @@ class MicroVMBackend(Backend):
         self._accel: str | None = None if self.config.accel == "auto" else self.config.accel
         self._template_lock = asyncio.Lock()
         self._setup_lock = asyncio.Lock()
+        self.image_links = ImageLinks()  # the create-time hard-link check, per image once
         if self.config.ksm:
             enable_ksm()
 
@@ -127,6 +129,8 @@ class MicroVMBackend(Backend):
         d.mkdir(parents=True, exist_ok=True)
         (d / "backend").write_text(self.name)
         try:
+            if rec.spec.protected_paths:  # before any disk is built or guest booted
+                await asyncio.to_thread(self._refuse_stray_links, rec.spec)
             spec, facts = await self.launch_spec(rec.spec, d, _hostname(rec.id))
             spec = spec.model_copy(update={"cgroup": rec.id})
             # The guest's network namespace outlives its QEMU (a guest saved to disk comes
@@ -142,6 +146,15 @@ class MicroVMBackend(Backend):
             raise
         return {"dir": str(d), "accel": spec.accel, "warm": self.config.warm_start,
                 "netns": str(netns_path(d)), **facts}
+
+    def _refuse_stray_links(self, s: SandboxSpec) -> None:
+        """InvalidArgument if the image gives a protected file a name outside the protected
+        paths (a hard link in a layer): the guest's root is the layers' merged view (a vm's
+        disk is copied from it), so it is looked at here, on the host."""
+        resolved = self.images.resolve(s.image, s.layers)
+        self.image_links.check(
+            resolved.layer_digests, s.protected_paths,
+            lambda: merged_view(resolved.lowerdirs, self.state_dir / "microvm" / "links"))
 
     async def prepare_disks(self, spec: LaunchSpec, disk_mb: int) -> None:
         """Create the guest's writable disk before QEMU starts."""
