@@ -108,3 +108,46 @@ async def test_a_deep_state_dir_still_reaches_the_agent(tmp_path):
             await sb.stop()
     finally:
         srv.destroy()
+
+
+def _left_of(pid: int) -> str | None:
+    """What is left of process ``pid``: its /proc state line (``Z`` for a zombie), or None."""
+    try:
+        comm, rest = open(f"/proc/{pid}/stat").read().rsplit(")", 1)
+    except OSError:
+        return None
+    return f"{comm}) state {rest.split()[0]} parent {rest.split()[1]}"
+
+
+async def test_stop_returns_once_the_sandbox_init_is_reaped(client, server):
+    sbs = await client.create_many(3, memory_mb=64)
+    inits = []
+    for sb in sbs:
+        await sb.exec("sleep 1000", background=True)
+        inits.append(int((server.state_dir / "sandboxes" / sb.id / "init.pid").read_text()))
+    for sb, pid in zip(sbs, inits):
+        assert _left_of(pid) is not None
+        await sb.stop()
+        # Before: the init was the host init's orphan, a zombie until that reaped it.
+        assert _left_of(pid) is None
+
+
+async def test_idle_ttl_counts_a_running_exec_as_activity_and_its_end_too(client):
+    sb = await client.create(memory_mb=64, idle_ttl_s=2)
+    try:
+        # Before: the sandbox expired 2 s into this exec, which then failed.
+        r = await sb.exec("sleep 6; echo done", timeout=60)
+        assert r.stdout == "done\n"
+        assert (await sb.refresh()).state == "running"  # its end is activity
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if sb.id not in {i.id for i in await client.list()}:
+                break
+            await asyncio.sleep(0.3)
+        with pytest.raises(dsec.DSecError, match="idle_ttl_s"):
+            await sb.exec("true")
+    finally:
+        try:
+            await sb.stop()
+        except dsec.NotFound:
+            pass

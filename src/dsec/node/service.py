@@ -195,7 +195,7 @@ class NodeService:
             if rec.expires_at is not None and now >= rec.expires_at:
                 self.ended.remember(rec.id, "expired (its timeout ran out)")
                 await self.stop(rec.id)
-            elif rec.spec.idle_ttl_s and now - rec.last_active_at >= rec.spec.idle_ttl_s:
+            elif rec.spec.idle_ttl_s and self._idle_for(rec, now) >= rec.spec.idle_ttl_s:
                 if rec.spec.on_idle == "pause":
                     if rec.state == "running":
                         await self.pause(rec.id)
@@ -203,6 +203,11 @@ class NodeService:
                     self.ended.remember(rec.id, f"expired (idle for {rec.spec.idle_ttl_s:g}s, "
                                                 "its idle_ttl_s)")
                     await self.stop(rec.id)
+
+    def _idle_for(self, rec: SandboxRecord, now: float) -> float:
+        """How long the sandbox has had nothing to do: 0 while an exec of it still runs
+        (the notion idle reclaim uses; the exec's end counts as activity too)."""
+        return 0.0 if rec.id in self._in_flight else now - rec.last_active_at
 
     # ---- lookup ----
     def _persist(self, rec: SandboxRecord) -> None:

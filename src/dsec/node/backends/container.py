@@ -28,7 +28,7 @@ from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
 from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.files import FileOps
-from dsec.node.host import cgroups, mounts
+from dsec.node.host import cgroups, mounts, reaper
 from dsec.node.host.charged import Charge
 from dsec.node.host.imagelinks import ImageLinks
 from dsec.node.host.oci import ContainerConfig, build_config
@@ -59,6 +59,13 @@ class ContainerBackend(Backend):
         self.core = cpuclass.core_scheduling()
         self.image_links = ImageLinks()  # the create-time hard-link check, per image once
         self.runc_root.mkdir(parents=True, exist_ok=True)
+        reaper.hold_subreaper()  # so the inits runc leaves behind are ours to reap
+        self._closed = False
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            reaper.release_subreaper()
 
     # ---- paths ----
     def sandbox_dir(self, sb_id: str) -> Path:
@@ -201,17 +208,28 @@ class ContainerBackend(Backend):
         await asyncio.to_thread(self._teardown, rec.id, d)
 
     def _kill_all(self, rec: SandboxRecord, timeout: float = 5.0) -> bool:
-        """Kill every process of the sandbox; True once its cgroup is empty."""
+        """Kill every process of the sandbox; True once its cgroup is empty and its init
+        reaped (a zombie init is still the sandbox's, seen by ``pgrep`` and ``/proc``)."""
         cg = self.cgroup_path(rec.id)
         if not self.cgroups.exists(cg):
             return True
         pids = set(self.cgroups.procs(cg))
         init = rec.runtime.get("init_pid")
+        init_fd = reaper.open_pidfd(init) if init and _belongs_to(init, rec.id) else None
         if init:
             pids.add(init)
-        for pid in pids:
-            if _belongs_to(pid, rec.id):
-                _kill(pid)
+        try:
+            for pid in pids:
+                if _belongs_to(pid, rec.id):
+                    _kill(pid)
+            emptied = self._wait_empty(cg, timeout)
+        finally:
+            if init_fd is not None:  # ours since runc left it (a subreaper's): reap it
+                reaper.wait_reaped(init_fd, timeout)
+        return emptied
+
+    def _wait_empty(self, cg: str, timeout: float) -> bool:
+        """Thaw the cgroup and kill what is left until none of it runs."""
         try:
             self.cgroups.set_frozen(cg, False)  # frozen tasks only die once thawed
         except (OSError, TimeoutError):
