@@ -23,6 +23,7 @@ from dsec.cluster.static import StaticCluster
 from dsec.gateway.app import create_app
 from dsec.gateway.projects import Projects
 from dsec.gateway.projects.admission import Admission
+from dsec.gateway.projects.line import SharedLine
 from dsec.gateway.projects.order import ArrivalOrder
 from dsec.gateway.projects.quota import Ask
 from tests.support.gateway import serving
@@ -32,9 +33,19 @@ ROOT = "dsec_test_order_root"        # user -> gateway
 ONE = Ask(1, 0.05, 64)
 
 
+class _NoLine(SharedLine):
+    def earliest_in(self, path, before):
+        return None
+
+
 class NewestFirst(Admission):
     """Deliberately broken admission: whoever joins the line goes to its head, so the
-    latest arrival is served first."""
+    latest arrival is served first (and it ignores the store's line, which would still
+    hold each create behind the earlier ones)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.line = _NoLine(self.ledger.conn)
 
     def _join(self, spot):
         me = super()._join(spot)

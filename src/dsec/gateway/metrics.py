@@ -23,8 +23,9 @@ ADMISSIONS = Counter("dsec_gateway_admissions_total",
                      "project ('/' is the root)", ["project"])
 ADMISSIONS_OUT_OF_ORDER = Counter(
     "dsec_gateway_admissions_out_of_order_total",
-    "Of those, given room while an earlier create of the same project still waited on "
-    "this gateway: 0 when admission is first come, first served", ["project"])
+    "Of those, given room while an earlier create of the same project still waited, on "
+    "this gateway or on another sharing its control store: 0 when admission is first "
+    "come, first served", ["project"])
 
 _admitted: dict[str, tuple] = {}  # per project, both children: labels() takes a lock
 

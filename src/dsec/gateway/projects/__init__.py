@@ -90,6 +90,7 @@ class Projects:
             self._flush_at.cancel()
         self.ledger.defer = None
         self.ledger.flush()
+        self.admission.close()
         self.conn.close()
 
     async def _reconcile_forever(self, gw) -> None:

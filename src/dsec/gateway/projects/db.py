@@ -34,6 +34,15 @@ CREATE TABLE IF NOT EXISTS held (
     key TEXT PRIMARY KEY, path TEXT NOT NULL, cpu REAL NOT NULL, memory_mb INTEGER NOT NULL,
     node TEXT, sb_id TEXT UNIQUE, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS held_node ON held(node);
+-- the one line of every gateway sharing the store: a row per create waiting for room,
+-- keyed by its arrival (ns since the epoch, on its gateway's clock) and its gateway
+CREATE TABLE IF NOT EXISTS line (
+    gateway TEXT NOT NULL, at INTEGER NOT NULL, path TEXT NOT NULL,
+    PRIMARY KEY (gateway, at)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS line_path ON line(path, at);
+-- each gateway with a row in line says it is alive here (seen: time.time()); the rows of
+-- one not seen for a lease are a crashed gateway's, and no longer hold anyone up
+CREATE TABLE IF NOT EXISTS gateways (id TEXT PRIMARY KEY, seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, path TEXT NOT NULL,
     who TEXT NOT NULL, action TEXT NOT NULL, target TEXT NOT NULL, outcome TEXT NOT NULL);

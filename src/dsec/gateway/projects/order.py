@@ -7,14 +7,30 @@ it when a ticket starts waiting, is granted room, or gives up. A grant while an 
 ticket of the same project still waits is out of arrival order. The check only counts,
 it never prevents; because it does not read the lines, a line that lost its order would
 show here, whatever the line's own code believes.
+
+Across gateways, :func:`earlier_elsewhere_in` asks the store itself, inside the grant's
+transaction, whether a live ticket of another gateway that arrived earlier still waits:
+a grant that passes one counts as out of order on the gateway that made it.
 """
 
 from __future__ import annotations
 
 import heapq
+import sqlite3
 from collections.abc import Callable
 
-__all__ = ["ArrivalOrder"]
+__all__ = ["ArrivalOrder", "earlier_elsewhere_in"]
+
+
+def earlier_elsewhere_in(conn: sqlite3.Connection, path: str, ticket: int, gateway: str,
+                         alive_after: float) -> bool:
+    """Whether a ticket of ``path`` that arrived before ``ticket`` waits in the store's
+    line for a gateway other than ``gateway`` that was seen after ``alive_after``. Read
+    inside the grant's own transaction, so it sees what the grant saw."""
+    return conn.execute(
+        "SELECT 1 FROM line l JOIN gateways g ON g.id = l.gateway WHERE l.path = ? "
+        "AND l.at < ? AND l.gateway != ? AND g.seen >= ? LIMIT 1",
+        (path, ticket, gateway, alive_after)).fetchone() is not None
 
 
 class ArrivalOrder:
@@ -42,10 +58,12 @@ class ArrivalOrder:
         if not heap:
             del self._heaps[path], self._live[path]
 
-    def granted(self, path: str, ticket: int) -> bool:
-        """``ticket`` got room: in order unless an earlier ticket of ``path`` still waits."""
+    def granted(self, path: str, ticket: int, passed_elsewhere: bool = False) -> bool:
+        """``ticket`` got room: in order unless an earlier ticket of ``path`` still waits
+        here, or (``passed_elsewhere``, from :func:`earlier_elsewhere_in`) on another
+        gateway."""
         self.gone(path, ticket)
         heap = self._heaps.get(path)
-        in_order = not heap or heap[0] > ticket
+        in_order = (not heap or heap[0] > ticket) and not passed_elsewhere
         self.on_grant(path, in_order)
         return in_order
