@@ -159,9 +159,13 @@ class Host:
 
 
 class GatewayProc:
-    def __init__(self, root: Path, index: int, urls: list[str]) -> None:
-        self.dir = root / f"gateway{index}"
-        self.dir.mkdir(mode=0o700)
+    """A gateway process over ``urls``; ``share`` (another's) makes it use that one's
+    state dir, and so its control store, as gateways on one state dir do."""
+
+    def __init__(self, root: Path, index: int, urls: list[str],
+                 share: GatewayProc | None = None) -> None:
+        self.dir = share.dir if share is not None else root / f"gateway{index}"
+        self.dir.mkdir(mode=0o700, exist_ok=share is not None)
         for name in ("token", "cluster_token"):  # one secret as root token and the nodes'
             shutil.copy(root / "token", self.dir / name)  # credential: the load sends it
             os.chmod(self.dir / name, 0o600)
