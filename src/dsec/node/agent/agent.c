@@ -191,7 +191,7 @@ struct spawn {
     char *env[MAX_ARGS + 1];
     char *protect[MAX_ARGS + 1]; /* hierarchies the command may not read or write */
     char *cwd;
-    long uid, gid, pty, rows, cols, detach, unconfined, keep;
+    long uid, gid, pty, rows, cols, detach, unconfined, keep, reuse;
     char *tag;                   /* kept commands: the node's note about it, opaque here */
     int ruleset, ruleset_err;    /* the Landlock ruleset built for protect, or -1 and why */
 };
@@ -307,6 +307,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
             else if (!strcmp(key, "detach")) sp->detach = v;
             else if (!strcmp(key, "unconfined")) sp->unconfined = v;
             else if (!strcmp(key, "keep")) sp->keep = v;
+            else if (!strcmp(key, "reuse")) sp->reuse = v;
         }
         free(key);
         if (!p) return -1;
@@ -340,7 +341,14 @@ static int confine(void) {
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &confine_prog);
 }
 
-static void child_exec(struct spawn *sp, int errfd) {
+/* Runs in a vfork child: commands are started with vfork, not fork, so the child borrows
+ * the agent's memory until it execs: no page table is copied and neither side takes
+ * copy-on-write faults after (a fork and its faults were most of the agent's CPU per
+ * exec). Only the calling thread waits for the execve; the agent's other threads go on.
+ * So the child only makes system calls and writes its own stack, never the heap or a
+ * global, and vfork is called in handle() itself (a child must not return from the
+ * function that called it). */
+static __attribute__((noreturn)) void child_exec(struct spawn *sp, int errfd) {
     char msg[512];
     int code;
     setsid();
@@ -356,8 +364,11 @@ static void child_exec(struct spawn *sp, int errfd) {
         _exit(126);
     }
     if (sp->uid < 0 || sp->uid > 0xfffffffeL || sp->gid < 0 || sp->gid > 0xfffffffeL) _exit(126);
-    if (sp->gid && (setgroups(0, NULL) < 0 || setgid((gid_t)sp->gid) < 0)) _exit(126);
-    if (sp->uid && setuid((uid_t)sp->uid) < 0) _exit(126);
+    /* Raw calls: glibc's set*id wrappers signal every thread of a multithreaded process
+     * to change them all, which in a vfork child would reach the agent's threads. */
+    if (sp->gid && (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setgid, sp->gid) < 0))
+        _exit(126);
+    if (sp->uid && syscall(SYS_setuid, sp->uid) < 0) _exit(126);
     if (confining && !sp->unconfined && confine() < 0) {
         snprintf(msg, sizeof msg, "dsec: confining the command: %s\n", strerror(errno));
         write_all(errfd, msg, strlen(msg));
@@ -370,13 +381,33 @@ static void child_exec(struct spawn *sp, int errfd) {
         write_all(errfd, msg, strlen(msg));
         _exit(126);
     }
-    if (sp->env[0]) environ = sp->env;
-    execvp(sp->argv[0], sp->argv);
+    /* not `environ = ...`: a vfork child shares the agent's memory */
+    execvpe(sp->argv[0], sp->argv, sp->env[0] ? sp->env : environ);
     code = (errno == ENOENT) ? 127 : 126;
     snprintf(msg, sizeof msg, "%s: %s\n", sp->argv[0],
              errno == ENOENT ? "command not found" : strerror(errno));
     write_all(errfd, msg, strlen(msg));
     _exit(code);
+}
+
+/* The vfork child's first steps: its stdio (a pty's slave, the pipes, or /dev/null for a
+ * detached command), then child_exec. A function of its own, so the child writes only stack
+ * below handle()'s frame, which the parent thread still needs. */
+static __attribute__((noreturn, noinline)) void child_start(struct spawn *sp, const char *slave,
+                                                           int in, int out, int err) {
+    if (slave) {
+        setsid();
+        int s = open(slave, O_RDWR); /* a session leader's first tty: its controlling one */
+        if (s < 0) _exit(126);
+        in = out = err = s;
+    } else if (in < 0) {
+        in = out = err = open("/dev/null", O_RDWR);
+    }
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    if (slave && in > 2) close(in);
+    child_exec(sp, 2);
 }
 
 /* Sends sig to every descendant of root, found through /proc's parent links. */
@@ -777,12 +808,11 @@ static void fail_errno(int conn) {
     send_text(conn, 'F', errno == EAGAIN ? PIDS_FULL : strerror(errno));
 }
 
-/* Runs one connection: one command, or a ping. The caller closes conn. */
-/* Serves one connection; returns the fd the caller closes (-1: someone else owns it). */
-static int handle(int conn) {
-    char *payload = NULL;
-    uint32_t len;
-    int type = recv_frame(conn, &payload, &len);
+/* Serves one request (a command, a ping, an attach or a list) whose first frame was read;
+ * returns the fd the caller closes (-1: someone else owns it). *again: the command ended
+ * and its spawn asked for the connection to carry the next one (see next_request). */
+static int serve_request(int conn, int type, char *payload, uint32_t len, int *again) {
+    (void)len;
     if (type == 'Q') {
         free(payload);
         send_text(conn, 'A', "pong");
@@ -808,13 +838,9 @@ static int handle(int conn) {
     char slave[128];
     pid_t pid;
     if (sp->detach) {
-        pid = fork();
+        pid = vfork(); /* see child_exec */
         if (pid == 0) {
-            int nul = open("/dev/null", O_RDWR);
-            dup2(nul, 0);
-            dup2(nul, 1);
-            dup2(nul, 2);
-            child_exec(sp, 2);
+            child_start(sp, NULL, -1, -1, -1);
         }
         char msg[32];
         snprintf(msg, sizeof msg, "%d", (int)pid);
@@ -829,16 +855,9 @@ static int handle(int conn) {
             free_spawn(sp);
             return conn;
         }
-        pid = fork();
+        pid = vfork(); /* see child_exec */
         if (pid == 0) {
-            setsid();
-            int s = open(slave, O_RDWR); /* a session leader's first tty: its controlling one */
-            if (s < 0) _exit(126);
-            dup2(s, 0);
-            dup2(s, 1);
-            dup2(s, 2);
-            if (s > 2) close(s);
-            child_exec(sp, 2);
+            child_start(sp, slave, -1, -1, -1);
         }
     } else {
         if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC)) {
@@ -846,12 +865,9 @@ static int handle(int conn) {
             free_spawn(sp);
             return conn;
         }
-        pid = fork();
+        pid = vfork(); /* see child_exec */
         if (pid == 0) {
-            dup2(in_p[0], 0);
-            dup2(out_p[1], 1);
-            dup2(err_p[1], 2);
-            child_exec(sp, 2);
+            child_start(sp, NULL, in_p[0], out_p[1], err_p[1]);
         }
         close(in_p[0]);
         close(out_p[1]);
@@ -863,6 +879,7 @@ static int handle(int conn) {
         }
     }
     int is_pty = (int)sp->pty;
+    int reuse = sp->reuse && !sp->keep && !is_pty; /* the only kind a node reuses for */
     struct kept *k = NULL;
     if (sp->keep && pid > 0 && (k = kept_add(pid, sp->tag))) sp->tag = NULL; /* k owns it */
     free_spawn(sp);
@@ -877,8 +894,41 @@ static int handle(int conn) {
     /* One fd for a pty: polled once, else the second read of the same readiness blocks. */
     int ok = is_pty ? relay(&conn, pid, master, master, -1, k)
                     : relay(&conn, pid, in_p[1], out_p[0], err_p[0], k);
-    if (ok == 0) linger(conn);
+    if (ok == 0 && reuse) *again = 1;
+    else if (ok == 0) linger(conn);
     return conn;
+}
+
+/* A reused connection between two commands: the node's next spawn. What it sent for the
+ * command that ended (stdin that was never read, a signal sent as it exited) is dropped:
+ * the node writes a connection's next spawn only after it read the exit frame, so every
+ * frame before that spawn is the old command's. An idle connection closes after
+ * REUSE_IDLE_MS (the node keeps idle ones for less). */
+#define REUSE_IDLE_MS 60000
+
+static int next_request(int conn, char **payload, uint32_t *len) {
+    for (;;) {
+        struct pollfd pf = {conn, POLLIN, 0};
+        if (poll(&pf, 1, REUSE_IDLE_MS) <= 0) return -1;
+        int type = recv_frame(conn, payload, len);
+        if (type < 0 || type == 'S') return type;
+        free(*payload);
+        if (type == 0 || !strchr("IEKCZ", type)) return -1;
+    }
+}
+
+/* Serves one connection: one request, or one command after another while the node reuses
+ * it. Returns the fd the caller closes (-1: someone else owns it). */
+static int handle(int conn) {
+    char *payload = NULL;
+    uint32_t len = 0;
+    int type = recv_frame(conn, &payload, &len);
+    for (;;) {
+        int again = 0;
+        conn = serve_request(conn, type, payload, len, &again);
+        if (conn < 0 || !again) return conn;
+        if ((type = next_request(conn, &payload, &len)) < 0) return conn;
+    }
 }
 
 static void *conn_thread(void *arg) {

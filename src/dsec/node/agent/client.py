@@ -1,7 +1,10 @@
 """The node's side of the dsec-agent wire protocol (see ``agent.c`` for the frame layout).
 
-One connection runs one command. :class:`AgentProcess` is the handle on it: feed stdin,
-send signals, and read ``(kind, bytes)`` events until the exit frame arrives.
+One connection runs one command at a time. :class:`AgentProcess` is the handle on it: feed
+stdin, send signals, and read ``(kind, bytes)`` events until the exit frame arrives. A
+connector with an :class:`AgentPool` (containers) hands the connection of a plain command
+that ended back to the pool, and the next command to that agent reuses it: no connect, no
+accept and no new agent thread per exec.
 """
 
 from __future__ import annotations
@@ -10,13 +13,15 @@ import asyncio
 import json
 import os
 import struct
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from dsec.api.errors import Conflict
 
 __all__ = ["AgentConnector", "AgentProcess", "AgentGone", "SpawnRequest", "unix_connector", "refusal",
-           "ping", "kept_commands", "KeptCommand"]
+           "ping", "kept_commands", "KeptCommand", "AgentPool"]
 
 HEADER = struct.Struct(">BII")
 MAX_FRAME = 1 << 20
@@ -46,7 +51,8 @@ class SpawnRequest:
     tag: str = ""       # a kept command's note, handed back by kept_commands (ASCII)
     protect: list[str] = field(default_factory=list)  # hierarchies it may not read or write
 
-    def encode(self) -> bytes:
+    def encode(self, reuse: bool = False) -> bytes:
+        """The spawn frame's JSON; ``reuse``: the connection carries the next command."""
         body = {
             "argv": self.argv,
             "env": [f"{k}={v}" for k, v in self.env.items()],
@@ -63,6 +69,8 @@ class SpawnRequest:
             body.update(keep=1, tag=self.tag)
         if self.protect:  # only when set: an agent that predates the key reads no other
             body["protect"] = self.protect
+        if reuse:
+            body["reuse"] = 1
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to
         # single bytes, so non-ASCII argv is sent pre-encoded as latin-1 code points.
         return json.dumps(_latin1_safe(body), ensure_ascii=True).encode()
@@ -91,8 +99,89 @@ def _latin1_safe(obj):
     return obj
 
 
-def unix_connector(path: str) -> AgentConnector:
-    async def connect():
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AgentPool:
+    """Idle connections to in-sandbox agents, by socket path, each with the agent thread
+    that waits on it for the next command.
+
+    Only a plain command's connection comes back (no stdin after the spawn, no pty, not
+    kept or detached), and only once its exit frame was read: the agent drops every frame
+    it gets between two commands, so nothing sent for the old one reaches the next. At
+    most ``per_path`` idle connections per agent (each idle one holds a thread, which
+    counts against the sandbox's pids), none older than ``idle_s`` (the agent closes
+    its side after 60 s)."""
+
+    def __init__(self, per_path: int = 2, idle_s: float = 20.0) -> None:
+        self.per_path = per_path
+        self.idle_s = idle_s
+        self._idle: dict[str, deque[tuple[float, asyncio.AbstractEventLoop, Conn]]] = {}
+        self._puts = 0
+
+    def take(self, path: str) -> Conn | None:
+        """An idle connection to the agent at ``path`` still open, or None."""
+        idle = self._idle.get(path)
+        loop = asyncio.get_running_loop()
+        while idle:
+            t, owner, conn = idle.pop()
+            if owner is loop and self._fresh(t, conn):
+                return conn
+            _close(conn)
+        self._idle.pop(path, None)
+        return None
+
+    def put(self, path: str, conn: Conn) -> None:
+        """Keep ``conn`` for the next command to ``path``."""
+        idle = self._idle.setdefault(path, deque())
+        if len(idle) >= self.per_path or not self._fresh(time.monotonic(), conn):
+            _close(conn)
+        else:
+            idle.append((time.monotonic(), asyncio.get_running_loop(), conn))
+        self._puts += 1
+        if self._puts % 1024 == 0:
+            self.sweep()
+
+    def drop(self, path: str) -> None:
+        """Close the idle connections to ``path`` (its sandbox stops)."""
+        for _t, _loop, conn in self._idle.pop(path, ()):
+            _close(conn)
+
+    def sweep(self) -> None:
+        """Close every idle connection that is too old or whose agent went away."""
+        for path in list(self._idle):
+            keep = deque(e for e in self._idle[path] if self._fresh(e[0], e[2]))
+            for e in self._idle[path]:
+                if e not in keep:
+                    _close(e[2])
+            if keep:
+                self._idle[path] = keep
+            else:
+                del self._idle[path]
+
+    def _fresh(self, t: float, conn: Conn) -> bool:
+        reader, writer = conn
+        return (time.monotonic() - t < self.idle_s and not reader.at_eof()
+                and not writer.is_closing())
+
+
+def _close(conn: Conn) -> None:
+    try:
+        conn[1].close()
+    except RuntimeError:  # its event loop is closed already
+        pass
+
+
+class UnixConnector:
+    """Connects to the agent listening at ``path``; with a ``pool``, commands may reuse an
+    idle connection instead (see :class:`AgentPool`)."""
+
+    def __init__(self, path: str, pool: AgentPool | None = None) -> None:
+        self.path = path
+        self.pool = pool
+
+    async def __call__(self) -> Conn:
+        path = self.path
         if len(path.encode()) < 100:
             return await asyncio.open_unix_connection(path, limit=MAX_FRAME * 2)
         # sun_path holds 108 bytes: reach a socket in a deep state dir through its dir's fd
@@ -103,7 +192,10 @@ def unix_connector(path: str) -> AgentConnector:
         finally:
             os.close(dirfd)
 
-    return connect
+
+def unix_connector(path: str, pool: AgentPool | None = None) -> AgentConnector:
+    """A connector to the agent listening on the unix socket at ``path``."""
+    return UnixConnector(path, pool)
 
 
 def _frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -116,6 +208,7 @@ class AgentProcess:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
+        self._return_to: tuple[AgentPool, str] | None = None  # where the connection goes at exit
         self.pid: int | None = None
         self.exit_code: int | None = None
         self.signal: int | None = None
@@ -126,14 +219,32 @@ class AgentProcess:
         """Start ``req``; with ``no_stdin`` its stdin is closed in the same write (one
         syscall and one wake-up of the agent fewer: it reads frame by frame, so the end
         of stdin waits in the socket until the command runs)."""
-        try:
-            reader, writer = await connector()
-        except OSError as exc:
-            raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
-        proc = cls(reader, writer)
-        frames = _frame(b"S", req.encode())
-        writer.write(frames + _frame(b"E") if no_stdin and not req.detach else frames)
-        kind, payload = await proc._read_frame()
+        pool: AgentPool | None = getattr(connector, "pool", None)
+        reuse = pool is not None and no_stdin and not (req.detach or req.pty or req.keep)
+        frames = _frame(b"S", req.encode(reuse=reuse))
+        if no_stdin and not req.detach:
+            frames += _frame(b"E")
+        proc = kind = None
+        if reuse and (conn := pool.take(connector.path)) is not None:
+            proc = cls(*conn)
+            proc._writer.write(frames)
+            try:
+                kind, payload = await proc._read_frame()
+            except AgentGone:
+                # The agent closed it while idle (its timeout, a restart), before reading
+                # the spawn: nothing ran, so a new connection is safe.
+                proc.close()
+                proc = None
+        if proc is None:
+            try:
+                reader, writer = await connector()
+            except OSError as exc:
+                raise AgentGone(f"sandbox agent unreachable: {exc}") from exc
+            proc = cls(reader, writer)
+            writer.write(frames)
+            kind, payload = await proc._read_frame()
+        if reuse:
+            proc._return_to = (pool, connector.path)
         if kind == b"F":
             proc.close()
             refusal(payload)
@@ -182,9 +293,19 @@ class AgentProcess:
         if kind == b"X":
             code, sig = payload.split()
             self.exit_code, self.signal = int(code), int(sig) or None
-            self.close()
+            self._release()
             return "exit", b""
         raise AgentGone(f"unexpected agent frame {kind!r}")
+
+    def _release(self) -> None:
+        """At the exit frame: the connection goes back to its pool, else it closes. Either
+        way this handle writes nothing more to it."""
+        if self._return_to is not None and not self._writer.is_closing():
+            pool, path = self._return_to
+            pool.put(path, (self._reader, self._writer))
+            self._writer = _Released()
+        else:
+            self.close()
 
     def write_stdin(self, data: bytes) -> None:
         for i in range(0, len(data), MAX_FRAME):
@@ -214,6 +335,22 @@ class AgentProcess:
     def close(self) -> None:
         if not self._writer.is_closing():
             self._writer.close()
+
+
+class _Released:
+    """What a handle writes to once its connection went back to the pool: nothing."""
+
+    def is_closing(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
 
 
 @dataclass

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from dsec.api.errors import Capacity, Internal, InvalidArgument
-from dsec.node.agent.client import AgentConnector, ping, unix_connector
+from dsec.node.agent.client import AgentConnector, AgentPool, ping, unix_connector
 from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
 from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
@@ -61,6 +61,7 @@ class ContainerBackend(Backend):
         self.runc_root.mkdir(parents=True, exist_ok=True)
         reaper.hold_subreaper()  # so the inits runc leaves behind are ours to reap
         self._closed = False
+        self.agent_pool = AgentPool()  # idle agent connections, reused by the next exec
 
     async def close(self) -> None:
         if not self._closed:
@@ -202,6 +203,7 @@ class ContainerBackend(Backend):
         # SIGKILL to the pid namespace's init ends every process in it; done directly this
         # takes ~1 ms where `runc delete --force` takes ~100 ms. runc stays the fallback.
         d = self.sandbox_dir(rec.id)
+        self.agent_pool.drop(str(d / "agent.sock"))
         emptied = await asyncio.to_thread(self._kill_all, rec)
         if not emptied and (self.runc_root / rec.id).exists():
             await self._runc("delete", "--force", rec.id)
@@ -331,7 +333,7 @@ class ContainerBackend(Backend):
 
     # ---- access ----
     def connector(self, rec: SandboxRecord) -> AgentConnector:
-        return unix_connector(str(self.sandbox_dir(rec.id) / "agent.sock"))
+        return unix_connector(str(self.sandbox_dir(rec.id) / "agent.sock"), self.agent_pool)
 
     def files(self, rec: SandboxRecord) -> FileOps:
         charge = Charge(self.cgroups, self.cgroup_path(rec.id), rec.spec.memory_mb,
