@@ -7,7 +7,9 @@
  * Re-creating that state per exec from the host (as `runc exec` does) costs ~16 ms here and
  * is easy to get subtly wrong. The agent is a static binary so it works in any image.
  *
- * Wire protocol (one stream connection = one command), frames of
+ * Wire protocol (one stream connection = one command at a time; a spawn with "reuse":1 that
+ * ends in 'X' leaves the connection open for the node's next spawn, see next_request),
+ * frames of
  *     u8 type | u32 chan (big endian, 0 here) | u32 len (big endian) | payload
  *   client -> agent:  'S' spawn (JSON, see parse_spawn), 'I' stdin bytes, 'E' stdin EOF,
  *                     'T' attach "pid" (first frame of a connection: follow a kept command
@@ -21,7 +23,8 @@
  *                     'X' exit "code signal", 'F' failure message, 'A' pong
  * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
  * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
- * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..], "keep":0|1, "tag":".."}.
+ * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..], "keep":0|1, "tag":"..",
+ * "reuse":0|1}.
  * A kept command outlives its connection: when the node goes away (a restart) the command
  * runs on, its output is held here (up to KEPT_BUF bytes; past that it is dropped and the
  * next follower is told so), and a later connection takes it over with 'T' (see struct
