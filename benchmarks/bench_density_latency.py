@@ -132,6 +132,7 @@ def _spread(xs: list[int]) -> str:
 def main() -> None:
     args = common.parse_args(__doc__)
     n = 20 if args.quick else 200
+    load_before = common.load()
     got, sizes = asyncio.run(run(n))
     base50 = common.percentile(got["alone"], 50)
     base99 = common.percentile(got["alone"], 99)
@@ -158,7 +159,9 @@ def main() -> None:
              f"{_spread(sizes['best_effort'])} best_effort.",
              "Step: one exec of a 30,000-iteration busybox shell loop in a cpu=1 sandbox "
              "(exec round trip included); spinners: cpu=1 sandboxes each running an endless "
-             "shell loop, twice as many as cores."]
+             "shell loop, twice as many as cores.",
+             f"Load average before the run: {load_before}; the one at the end counts the "
+             "bombs' own processes (each one a runnable task)."]
     body = common.table(["step", "n", "p50 ms", "p99 ms", "p50 vs alone", "p99 vs alone"],
                         rows)
     common.publish("density_latency-quick" if args.quick else "density_latency",
