@@ -134,6 +134,7 @@ class Admission:
             except Exception:  # its row must not hold the line up: the watcher retries
                 log.exception("taking a ticket out of the shared line failed")
                 self._unleft.append(spot.ticket)
+                self._watch()
         if spot.waiting:
             spot.waiting = False
             self.order.gone(spot.path, spot.ticket)
