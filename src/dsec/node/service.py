@@ -127,11 +127,13 @@ class NodeService:
         await self.density.close(sandboxes_left=bool(self.records))
         for backend in self.backends.values():  # node-wide resources (fncall pools)
             await backend.close()
-        images = self._layer_store()
-        if images is not None and not self.records:
+        stores = {id(b.images): b.images for b in self.backends.values() if b.images is not None}
+        if not self.records:
             # Layer mounts serve running sandboxes only; a node that leaves none running
             # leaves no mount (nor lazy-loading daemon) behind. The next start remounts.
-            await asyncio.to_thread(images.unmount_all)
+            # (A guests-only node mounts them too: the busybox image is made from one.)
+            for images in stores.values():
+                await asyncio.to_thread(images.unmount_all)
         self.store.close()
         self.trajectory.close()
         await self.network.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dsec.node.host.cgroups import CgroupDriver
 
-__all__ = ["CPU_CLASSES", "CoreScheduling", "apply", "core_scheduling"]
+__all__ = ["CPU_CLASSES", "CoreScheduling", "apply", "core_scheduling", "set_threads"]
 
 CPU_CLASSES = ("latency", "best_effort")
 PR_SCHED_CORE = 62
@@ -49,13 +49,18 @@ def core_scheduling(smt: Path = Path("/sys/devices/system/cpu/smt/active")) -> C
 def apply(driver: CgroupDriver, rel: str, init_pid: int | None, cpu_class: str,
           core: CoreScheduling | None = None) -> None:
     """Put a started sandbox in ``cpu_class`` (its cgroup and its init, before it forks)."""
+    driver.set_cpu_idle(rel, cpu_class == "best_effort")
+    if init_pid is not None:
+        set_threads(init_pid, cpu_class, core)
+
+
+def set_threads(pid: int, cpu_class: str, core: CoreScheduling | None = None) -> None:
+    """Every thread ``pid`` has now gets the class's policy (SCHED_IDLE for best effort);
+    threads and children it makes later inherit it."""
     best_effort = cpu_class == "best_effort"
-    driver.set_cpu_idle(rel, best_effort)
-    if init_pid is None:
-        return
     policy = os.SCHED_IDLE if best_effort else os.SCHED_OTHER
-    try:  # every thread the init has now; threads and children it makes later inherit
-        tids = [int(t) for t in os.listdir(f"/proc/{init_pid}/task")]
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
         return
     for tid in tids:
@@ -65,4 +70,4 @@ def apply(driver: CgroupDriver, rel: str, init_pid: int | None, cpu_class: str,
             pass
     if not best_effort and core is not None and core.available:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SCHED_CORE, PR_SCHED_CORE_CREATE, init_pid, PIDTYPE_TGID, 0)
+        libc.prctl(PR_SCHED_CORE, PR_SCHED_CORE_CREATE, pid, PIDTYPE_TGID, 0)

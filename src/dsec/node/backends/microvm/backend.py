@@ -30,10 +30,10 @@ from typing import Literal
 from dsec.api.models import SandboxSpec
 from dsec.images.models import LayerInfo
 from dsec.node.agent.client import AgentConnector
-from dsec.node.backends.base import Backend, SandboxRecord
+from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.backends.microvm import accel as accel_mod
 from dsec.node.backends.microvm import snapshot
-from dsec.node.backends.microvm.cgroup import release
+from dsec.node.backends.microvm.cgroup import cgroup_rel, memory_limit, release, set_frozen
 from dsec.node.backends.microvm.config import MicroVMConfig
 from dsec.node.backends.microvm.console import console_tail, drain_console, oom_count
 from dsec.node.backends.microvm.files import AgentFiles
@@ -44,7 +44,9 @@ from dsec.node.backends.microvm.qmp import QMPError, qmp
 from dsec.node.backends.microvm.runtime import (FAILED_STATES, connect_sync, make_scratch,
                                                  netns_path, port_connector, qemu_pss,
                                                  save_launch, wait_ready)
-from dsec.node.host import netns
+from dsec.node.density import cpuclass, prefetch
+from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
+from dsec.node.host import cgroups, netns
 from dsec.node.host.imagelinks import ImageLinks, merged_view
 
 __all__ = ["MicroVMBackend", "MicroVMConfig"]
@@ -54,6 +56,8 @@ class MicroVMBackend(Backend):
 
     name = "microvm"
     machine: Literal["microvm", "q35"] = "microvm"
+    cpu_classes = frozenset(cpuclass.CPU_CLASSES)
+    can_reclaim = True
 
     def __init__(self, state_dir: Path, images, agent_binary: Path | None = None,
                  config: MicroVMConfig | None = None) -> None:
@@ -132,13 +136,14 @@ class MicroVMBackend(Backend):
             if rec.spec.protected_paths:  # before any disk is built or guest booted
                 await asyncio.to_thread(self._refuse_stray_links, rec.spec)
             spec, facts = await self.launch_spec(rec.spec, d, _hostname(rec.id))
-            spec = spec.model_copy(update={"cgroup": rec.id})
+            spec = spec.model_copy(update={"cgroup": rec.id, "cpu_class": rec.spec.cpu_class})
             # The guest's network namespace outlives its QEMU (a guest saved to disk comes
             # back in it) and is where the node plumbs egress, as for a container.
             await asyncio.to_thread(netns.create, netns_path(d))
             if self.config.warm_start:
                 template = await self.ensure_template(rec.spec)
-                await snapshot.clone(template, d, spec.hostname, rec.id, rec.spec.cpu)
+                await snapshot.clone(template, d, spec.hostname, rec.id, rec.spec.cpu,
+                                     cpu_class=rec.spec.cpu_class)
             else:
                 await self._boot(spec, rec.spec.disk_mb)
         except BaseException:
@@ -213,6 +218,7 @@ class MicroVMBackend(Backend):
     async def stop(self, rec: SandboxRecord) -> None:
         d = self.sandbox_dir(rec.id)
         if read_pid(d) is not None:
+            await asyncio.to_thread(_thaw, rec.id)  # a reclaim cut short by a node crash
             await asyncio.to_thread(drain_console, d, self.config.console_log_bytes)
         await kill_qemu(d)
         await asyncio.to_thread(netns.remove, netns_path(d))
@@ -240,6 +246,8 @@ class MicroVMBackend(Backend):
             return True
         if read_pid(d) is None:
             return False
+        if rec.state == "paused":  # QMP-stopped (and maybe frozen by a reclaim cut short)
+            await asyncio.to_thread(_thaw, rec.id)
         try:
             status = (await qmp(d / "qmp.sock", "query-status", timeout=5.0))["status"]
         except QMPError:
@@ -261,6 +269,35 @@ class MicroVMBackend(Backend):
     def memory_bytes(self, rec: SandboxRecord) -> int:
         """Proportional set size of the guest's QEMU: pages KSM merged count shared."""
         return qemu_pss(self.sandbox_dir(rec.id))
+
+    # ---- density: QEMU's cgroup, as a container's ----
+    def reclaim(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
+        """Push a paused guest's memory (guest RAM is QEMU's anonymous memory) out of its
+        cgroup. QEMU is frozen meanwhile (its vCPUs are stopped already; its main loop
+        then cannot allocate against a lowered v1 limit), thawed once done."""
+        if snapshot.saved_path(self.sandbox_dir(rec.id)).exists():
+            return Reclaim(0, 0, 0, True, "saved to disk: its QEMU holds nothing")
+        frozen = set_frozen(rec.id, True)
+        try:
+            return reclaim_cgroup(cgroups.detect(), cgroup_rel(rec.id),
+                                  memory_limit(rec.spec.memory_mb), plan)
+        finally:
+            if frozen:
+                set_frozen(rec.id, False)
+
+    def restore(self, rec: SandboxRecord) -> None:
+        """Limits back (no swap), then QEMU's swapped memory read back before ``cont``."""
+        if snapshot.saved_path(self.sandbox_dir(rec.id)).exists():
+            return
+        driver, rel = cgroups.detect(), cgroup_rel(rec.id)
+        _thaw(rec.id)
+        restore_cgroup(driver, rel, memory_limit(rec.spec.memory_mb))
+        prefetch.prefetch(driver.procs(rel))
+
+    def reclaim_idle(self, rec: SandboxRecord, plan: ReclaimPlan) -> Reclaim:
+        """One step on a running guest's QEMU: the coldest guest pages go first."""
+        return reclaim_running(cgroups.detect(), cgroup_rel(rec.id),
+                               memory_limit(rec.spec.memory_mb), plan)
 
     async def pack_diff(self, rec: SandboxRecord, tag: str,
                         exclude: list[str] | None = None) -> LayerInfo:
@@ -290,6 +327,13 @@ def template_key(spec: LaunchSpec, disk_mb: int) -> str:
 
 def _hostname(sb_id: str) -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in sb_id)[:63] or "dsec"
+
+
+def _thaw(sb_id: str) -> None:
+    try:
+        set_frozen(sb_id, False)
+    except (OSError, TimeoutError):
+        pass  # gone already, or stuck: the caller's own step says what failed
 
 
 def enable_ksm() -> bool:

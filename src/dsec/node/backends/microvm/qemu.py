@@ -76,6 +76,8 @@ class LaunchSpec(BaseModel):
     cgroup: str | None = Field(None, description="sandbox id whose cgroup QEMU joins (the "
                                                  "CPU quota); None: none (templates)")
     cpu: float = Field(1.0, gt=0, description="CPU quota in cores for the cgroup")
+    cpu_class: Literal["latency", "best_effort"] = Field(
+        "latency", description="the sandbox's CPU class, given to QEMU's cgroup and threads")
 
     @property
     def qmp_socket(self) -> Path:
@@ -196,6 +198,8 @@ async def launch(spec: LaunchSpec, ready_s: float = 120.0) -> LaunchSpec:
     it out of the node's signals; it outlives the node like any orphan would."""
     spec.workdir.mkdir(parents=True, exist_ok=True)
     prefix = nsenter_argv(spec.netns) if spec.netns is not None else []
+    if spec.cgroup is not None:
+        prefix = await _cgroup_prefix(spec) + prefix
     pass_fds = (spec.incoming_fd,) if spec.incoming_fd is not None else ()
     log_path = spec.workdir / "qemu.log"
     with open(log_path, "wb") as log_file:
@@ -232,16 +236,27 @@ async def _answers(spec: LaunchSpec, proc: subprocess.Popen, timeout_s: float) -
     return False
 
 
+async def _cgroup_prefix(spec: LaunchSpec) -> list[str]:
+    from dsec.node.backends.microvm.cgroup import join_argv, prepare
+    try:
+        procs = await asyncio.to_thread(prepare, spec.cgroup, spec.cpu, spec.memory_mb,
+                                        spec.cpu_class)
+    except OSError as exc:
+        raise Internal(f"could not make the sandbox's cgroup for QEMU: {exc}") from exc
+    return join_argv(procs)
+
+
 async def _confine(spec: LaunchSpec) -> None:
-    from dsec.node.backends.microvm.cgroup import confine
+    """QEMU answers: give its threads the sandbox's CPU class."""
+    from dsec.node.backends.microvm.cgroup import set_class
     pid = read_pid(spec.workdir)
     try:
         if pid is None:
             raise OSError("QEMU has no pid file")
-        await asyncio.to_thread(confine, pid, spec.cgroup, spec.cpu, spec.memory_mb)
+        await asyncio.to_thread(set_class, pid, spec.cpu_class)
     except OSError as exc:
         await kill_qemu(spec.workdir)
-        raise Internal(f"could not put QEMU in the sandbox's cgroup: {exc}") from exc
+        raise Internal(f"could not give QEMU the sandbox's CPU class: {exc}") from exc
 
 
 def read_pid(workdir: Path) -> int | None:

@@ -97,7 +97,8 @@ async def restore(d: Path) -> LaunchSpec:
 
 
 async def clone(template: Path, d: Path, hostname: str, cgroup: str | None = None,
-                cpu: float = 1.0, qemu_img: str = "qemu-img") -> LaunchSpec:
+                cpu: float = 1.0, qemu_img: str = "qemu-img",
+                cpu_class: str = "latency") -> LaunchSpec:
     """Start a guest in ``d`` from the template saved in ``template`` (warm start).
 
     Its writable disk (a microvm's scratch disk, a vm's boot disk) becomes a copy-on-write
@@ -117,7 +118,7 @@ async def clone(template: Path, d: Path, hostname: str, cgroup: str | None = Non
     if proc.returncode != 0:
         raise Internal(f"qemu-img create failed: {out.decode(errors='replace')[-500:]}")
     spec = tpl.model_copy(update={"workdir": d, "hostname": hostname, "cgroup": cgroup,
-                                  "cpu": cpu, "netns": netns_path(d), **update})
+                                  "cpu": cpu, "cpu_class": cpu_class, "netns": netns_path(d), **update})
     spec = await _incoming(spec, saved_path(template))
     save_launch(spec)
     await set_identity(d, hostname)
