@@ -16,7 +16,7 @@ import pytest_asyncio
 from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.node.backends.base import ReclaimPlan
 from dsec.node.backends.microvm import MicroVMConfig
-from dsec.node.backends.microvm.cgroup import memory_limit
+from dsec.node.backends.microvm.cgroup import QEMU_OVERHEAD_MB
 from dsec.node.config import NodeConfig
 from dsec.node.density.config import DensityConfig, SwapConfig
 from dsec.node.host.cgroups import detect
@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400)
 
 GUEST_DIR = Path(__file__).resolve().parents[2] / "build" / "guest"
 SPIN = "while :; do :; done"
-# 8 MiB of noise and 40 MiB of text in the guest's tmpfs (/dev/shm): guest RAM, QEMU's
-# anonymous memory on the host. Its checksum must be the same after the reclaim.
-BLOB = ("{ head -c 8388608 /dev/urandom; yes dsec-density | head -c 41943040; } "
+# 48 MiB of noise in the guest's tmpfs (/dev/shm): guest RAM, QEMU's anonymous memory on
+# the host, no page like another (KSM merges none of it). Its checksum must be the same
+# after the reclaim.
+BLOB = ("head -c 50331648 /dev/urandom "
         "> /dev/shm/blob && md5sum /dev/shm/blob")
 
 
@@ -52,6 +53,11 @@ async def sh(node, sb_id: str, cmd: str, timeout: float = 120) -> str:
     r = await node.exec(sb_id, ExecRequest(cmd=["sh", "-c", cmd], timeout=timeout))
     assert r.exit_code == 0, (r.stdout, r.stderr)
     return r.stdout.strip()
+
+
+def memory_limit(memory_mb: int) -> int:
+    """The memory cap of a guest's cgroup (guest RAM and QEMU's own overhead)."""
+    return (memory_mb + QEMU_OVERHEAD_MB) << 20
 
 
 def threads(sb_id: str) -> list[int]:

@@ -3,6 +3,8 @@
 microvm and vm guests run under QEMU with TCG on this machine (nested KVM does not boot)."""
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +84,30 @@ async def test_guests_are_separate_from_each_other(multi_server):
             assert ka != kb, "each guest has its own kernel"
         finally:
             await asyncio.gather(a.stop(), b.stop())
+
+
+def _policies(sb_id: str) -> set[int]:
+    """Scheduling policies of every thread in the sandbox's cgroup (a guest: its QEMU)."""
+    from dsec.node.host.cgroups import detect
+    out = set()
+    for pid in detect().procs(f"/dsec/{sb_id}"):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            out.add(int(stat.rpartition(")")[2].split()[38]))
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_best_effort_on_every_backend(multi_server, backend):
+    """cpu_class="best_effort" is the same one argument everywhere: the sandbox's cgroup
+    is idle class and every thread in it (a guest's QEMU, vCPUs included) SCHED_IDLE."""
+    from dsec.node.host.cgroups import detect
+    async with dsec.AsyncClient(multi_server.url, multi_server.token, timeout=300) as c:
+        sb = await c.create(backend=backend, memory_mb=256, cpu_class="best_effort")
+        try:
+            assert (await sb.refresh()).cpu_class == "best_effort"
+            assert (await sb.exec("echo hi")).stdout == "hi\n"
+            assert detect().cpu_idle(f"/dsec/{sb.id}")
+            assert _policies(sb.id) == {os.SCHED_IDLE}
+        finally:
+            await sb.stop()
