@@ -23,14 +23,16 @@ def test_every_exec_carries_the_protected_paths():
     assert json.loads(spawn.encode())["protect"] == ["/grader"]
 
 
-def test_the_grading_step_carries_none():
+def test_the_grading_step_carries_them_only_as_nolink():
     spawn = build_spawn(_NoFiles(), _rec(["/grader"]), ExecRequest(cmd="true", grading=True))
-    assert "protect" not in json.loads(spawn.encode())
+    body = json.loads(spawn.encode())
+    assert "protect" not in body and body["nolink"] == ["/grader"]
 
 
 def test_a_sandbox_without_protected_paths_sends_no_key():
     # an agent older than the key would refuse the spawn; none is sent when unused
-    assert "protect" not in json.loads(SpawnRequest(argv=["true"], env={}).encode())
+    body = json.loads(SpawnRequest(argv=["true"], env={}).encode())
+    assert "protect" not in body and "nolink" not in body
 
 
 def test_a_guest_kernel_runs_landlock_only_when_built_in_and_listed():

@@ -315,22 +315,24 @@ async def test_an_image_giving_a_protected_file_another_name_is_refused(roles, l
 
 
 async def test_a_hard_link_the_grading_step_made_is_refused(roles):
+    """Across directories the grading step cannot make one (tests/redteam/
+    test_protected_paths.py); beside a protected file it can, and the files API refuses
+    that name by inode (tests/node/host/test_hardlinks.py: every other operation)."""
     sb, g = roles.sb["user"], roles.sb["grader"]
-    r = await g.exec("mkdir -p /srv/d && ln /grader/secret.txt /srv/h && "
-                     "ln /grader/secret.txt /srv/d/h2 && echo plain > /srv/plain.txt",
+    r = await g.exec("ln /repo/tests/hidden.sh /repo/tests/h2 && echo plain > /srv.txt",
                      grading=True)
     assert r.exit_code == 0, r
-    for path in ("/srv/h", "/srv/d/h2", "/srv/d/../h"):
+    for path in ("/repo/tests/h2", "/repo/tests/../tests/h2"):
         with pytest.raises(dsec.Forbidden, match=f"{path} is protected: it is a hard link"):
             await sb.files.read(path)
         with forbidden(path):
             await sb.files.write(path, b"forged")
         with forbidden(path):
             await sb.files.stat(path)
-    with pytest.raises(dsec.Forbidden, match="hard link"):
-        await sb.files.download_tar("/srv")
-    with pytest.raises(dsec.Forbidden, match="hard link"):
-        await sb.files.download_tar("/srv/d/h2")
-    assert await sb.files.read("/srv/plain.txt") == b"plain\n"  # the rest stays open
-    assert await g.files.read("/srv/h") == SECRET  # the grader still reads it
+    r = await g.exec("ln /grader/secret.txt /srv.h", grading=True)
+    assert r.exit_code != 0 and "cross-device" in r.stderr, r
+    with pytest.raises(dsec.NotFound):
+        await sb.files.read("/srv.h")
+    assert await sb.files.read("/srv.txt") == b"plain\n"  # the rest stays open
+    assert await g.files.read("/repo/tests/h2") == HIDDEN  # the grader still reads it
     await intact(roles)

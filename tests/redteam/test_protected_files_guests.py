@@ -74,16 +74,44 @@ async def _user_attacks(u) -> None:
             await _refused(u.files.list(via.rsplit("/", 1)[0]), via.rsplit("/", 1)[0])
 
 
+def _linking_tar(name: str, target: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo(name)
+        ti.type, ti.linkname = tarfile.LNKTYPE, target
+        tf.addfile(ti)
+    return buf.getvalue()
+
+
+async def _grading_links(u, g) -> None:
+    """Hard links the grading identity makes: one beside a protected file (allowed) is
+    refused to the user's files API; one across directories, by a grading exec or by a
+    tar upload's link entry, is not made at all."""
+    r = await g.exec("ln /repo/hidden.sh /repo/h2 && ln /grader/secret.txt /tmp/gl",
+                     grading=True, timeout=60)
+    assert r.exit_code != 0 and "cross-device" in r.stderr, r
+    with pytest.raises(dsec.DSecError):
+        await g.files.upload_tar(_linking_tar("tmp/tl", "grader/secret.txt"), "/")
+    await _refused(u.files.read("/repo/h2"), "/repo/h2")
+    for path in ("/tmp/gl", "/tmp/tl"):
+        with pytest.raises(dsec.NotFound):
+            await u.files.read(path)
+    assert await g.files.read("/repo/h2") == SECRET
+
+
 @pytest.mark.parametrize("backend", ["microvm", "vm"])
 async def test_guest_files_api_keeps_a_user_out_of_protected_paths(guest_server, backend):
     tokens = await _tokens(guest_server)
     async with dsec.AsyncClient(guest_server.url, tokens["user"], timeout=300) as uc, \
             dsec.AsyncClient(guest_server.url, tokens["grader"], timeout=300) as gc:
-        u = await uc.create(backend=backend, memory_mb=256, protected_paths=["/grader"])
+        u = await uc.create(backend=backend, memory_mb=256,
+                            protected_paths=["/grader", "/repo/hidden.sh"])
         try:
             g = await gc.get(u.id)
             await g.files.write("/grader/secret.txt", SECRET)  # the grader's files API writes
+            await g.files.write("/repo/hidden.sh", SECRET)
             await _user_attacks(u)
+            await _grading_links(u, g)
             assert await g.files.read("/grader/secret.txt") == SECRET
             assert [e.name for e in await g.files.list("/grader")] == ["secret.txt"]
             assert (await g.files.stat("/grader/secret.txt")).size == len(SECRET)

@@ -195,6 +195,40 @@ async def test_grading_reads_and_writes_them(guarded):
     assert (await guarded.exec("cat /grader/result")).exit_code != 0
 
 
+@pytest.mark.parametrize("cmd", [
+    "mkdir -p /srv && ln /grader/secret.txt /srv/h",          # out of a protected dir
+    "ln /grader/secret.txt /tmp/h",
+    "ln /repo/tests/hidden.sh /repo/h",                        # a protected file, elsewhere
+    "echo mine > /tmp/m && ln /tmp/m /grader/m",               # into one
+])
+async def test_the_grading_step_cannot_link_across_directories(guarded, cmd):
+    """Another name outside the protected paths would give agent commands the file."""
+    r = await guarded.exec(cmd, grading=True)
+    for name in ("/srv/h", "/tmp/h", "/repo/h"):
+        await refused(guarded, f"cat {name}")
+    assert r.exit_code != 0 and "cross-device" in r.stderr, (cmd, r)
+    r = await guarded.exec("ls /grader; mv /grader/secret.txt /grader/s2 && "
+                           "mv /grader/s2 /grader/secret.txt", grading=True)
+    assert r.stdout == "secret.txt\n" and r.exit_code == 0, r  # renames inside still work
+    await intact(guarded)
+
+
+async def test_a_link_the_grading_step_makes_beside_a_protected_file_is_protected(guarded):
+    """The same directory needs no Landlock REFER right: the agent's ruleset leaves an
+    entry with a protected file's inode out instead."""
+    r = await guarded.exec("ln /repo/tests/hidden.sh /repo/tests/h2 && "
+                           "ln /grader/secret.txt /grader/copy", grading=True)
+    assert r.exit_code == 0, r
+    for cmd in ("cat /repo/tests/h2", "cp /repo/tests/h2 /tmp/x && cat /tmp/x",
+                "cat /grader/copy", "sh /repo/tests/h2"):
+        await refused(guarded, cmd)
+    assert (await guarded.exec("cat /repo/calc.sh")).stdout == "echo 3\n"  # its neighbour
+    r = await guarded.exec("cat /repo/tests/h2 && rm /repo/tests/h2 /grader/copy",
+                           grading=True)
+    assert r.stdout == HIDDEN.decode(), r
+    await intact(guarded)
+
+
 @pytest.mark.parametrize("paths,needle", [
     (["grader"], "absolute"),
     (["/"], "'/'"),

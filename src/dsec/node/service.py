@@ -607,6 +607,8 @@ class NodeService:
         ops = backend.files(rec)
         if rec.spec.protected_paths and not grading:
             ops.protected = tuple(rec.spec.protected_paths)
+        elif rec.spec.protected_paths and hasattr(ops, "nolink"):
+            ops.nolink = tuple(rec.spec.protected_paths)  # a guest's: its commands' tar -x
         return ops
 
     def protected_paths(self, sb_id: str) -> list[str]:

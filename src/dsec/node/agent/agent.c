@@ -23,8 +23,8 @@
  *                     'X' exit "code signal", 'F' failure message, 'A' pong
  * Spawn JSON is produced by dsec's own Python client, so the parser below only understands
  * that flat shape: {"argv":[..], "env":[..], "cwd":"..", "uid":N, "gid":N, "pty":0|1,
- * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..], "keep":0|1, "tag":"..",
- * "reuse":0|1}.
+ * "rows":N, "cols":N, "detach":0|1, "unconfined":0|1, "protect":[..], "nolink":[..], "keep":0|1,
+ * "tag":"..", "reuse":0|1}.
  * A kept command outlives its connection: when the node goes away (a restart) the command
  * runs on, its output is held here (up to KEPT_BUF bytes; past that it is dropped and the
  * next follower is told so), and a later connection takes it over with 'T' (see struct
@@ -32,7 +32,8 @@
  * /dev/null for stdio and outlives the connection: the agent answers 'P' and closes. "protect"
  * names hierarchies the command may not read or write, enforced with Landlock (protect.h);
  * the node sends it with every command of a sandbox that has protected paths, except the
- * grading step's. Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
+ * grading step's, which gets "nolink" instead (no name of theirs linked or moved out of them
+ * across directories; protect.h). Strings use only \" \\ \n \t \uXXXX (ASCII) escapes.
  *
  * Usage:  dsec-agent [--confine BPF] serve-fd N   accept on an inherited listening socket
  *                                                 (containers: the agent is the init)
@@ -193,6 +194,7 @@ struct spawn {
     char *argv[MAX_ARGS + 1];
     char *env[MAX_ARGS + 1];
     char *protect[MAX_ARGS + 1]; /* hierarchies the command may not read or write */
+    char *nolink[MAX_ARGS + 1];  /* hierarchies whose names it may not link or move out */
     char *cwd;
     long uid, gid, pty, rows, cols, detach, unconfined, keep, reuse;
     char *tag;                   /* kept commands: the node's note about it, opaque here */
@@ -203,6 +205,7 @@ static void free_spawn(struct spawn *sp) {
     for (int i = 0; sp->argv[i]; i++) free(sp->argv[i]);
     for (int i = 0; sp->env[i]; i++) free(sp->env[i]);
     for (int i = 0; sp->protect[i]; i++) free(sp->protect[i]);
+    for (int i = 0; sp->nolink[i]; i++) free(sp->nolink[i]);
     if (sp->ruleset >= 0) close(sp->ruleset);
     free(sp->cwd);
     free(sp->tag);
@@ -292,6 +295,7 @@ static int parse_spawn(const char *p, struct spawn *sp) {
         if (!strcmp(key, "argv")) p = parse_str_array(p, sp->argv);
         else if (!strcmp(key, "env")) p = parse_str_array(p, sp->env);
         else if (!strcmp(key, "protect")) p = parse_str_array(p, sp->protect);
+        else if (!strcmp(key, "nolink")) p = parse_str_array(p, sp->nolink);
         else if (!strcmp(key, "cwd")) p = parse_string(p, &sp->cwd);
         else if (!strcmp(key, "tag")) p = parse_string(p, &sp->tag);
         else {
@@ -377,7 +381,8 @@ static __attribute__((noreturn)) void child_exec(struct spawn *sp, int errfd) {
         write_all(errfd, msg, strlen(msg));
         _exit(126);
     }
-    if (sp->protect[0] && (sp->ruleset < 0 || enter_protection(sp->ruleset) < 0)) {
+    if ((sp->protect[0] || sp->nolink[0]) &&
+        (sp->ruleset < 0 || enter_protection(sp->ruleset, !sp->protect[0]) < 0)) {
         /* fail closed: a command that should not see the protected paths does not run */
         int e = sp->ruleset < 0 ? sp->ruleset_err : errno;
         snprintf(msg, sizeof msg, "dsec: protecting paths (Landlock): %s\n", strerror(e));
@@ -835,8 +840,11 @@ static int serve_request(int conn, int type, char *payload, uint32_t len, int *a
         return conn;
     }
     free(payload);
+    /* built here, before fork: the child only enters it */
     if (sp->protect[0] && (sp->ruleset = protect_ruleset(sp->protect)) < 0)
-        sp->ruleset_err = errno; /* built here, before fork: the child only enters it */
+        sp->ruleset_err = errno;
+    else if (!sp->protect[0] && sp->nolink[0] && (sp->ruleset = nolink_ruleset(sp->nolink)) < 0)
+        sp->ruleset_err = errno;
     int in_p[2], out_p[2], err_p[2], master = -1;
     char slave[128];
     pid_t pid;

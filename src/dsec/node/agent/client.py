@@ -50,6 +50,8 @@ class SpawnRequest:
     keep: bool = False  # outlive the connection (a node restart): follow it again by pid
     tag: str = ""       # a kept command's note, handed back by kept_commands (ASCII)
     protect: list[str] = field(default_factory=list)  # hierarchies it may not read or write
+    # the grading step's: hierarchies whose names it may not link or move out (or in)
+    nolink: list[str] = field(default_factory=list)
 
     def encode(self, reuse: bool = False) -> bytes:
         """The spawn frame's JSON; ``reuse``: the connection carries the next command."""
@@ -69,6 +71,8 @@ class SpawnRequest:
             body.update(keep=1, tag=self.tag)
         if self.protect:  # only when set: an agent that predates the key reads no other
             body["protect"] = self.protect
+        elif self.nolink:
+            body["nolink"] = self.nolink
         if reuse:
             body["reuse"] = 1
         # ensure_ascii keeps the agent's parser to \uXXXX escapes; the C side maps those to

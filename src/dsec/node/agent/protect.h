@@ -20,9 +20,18 @@
  * and a landlocked process may not mount, nor ptrace or open /proc/<pid>/{fd,root,mem} of a
  * process outside its domain.
  *
+ * Hard links: Landlock checks the name used, so another name of a protected file is as
+ * reachable as the file. Agent commands cannot make one (REFER, above); the grading step's
+ * commands get a ruleset of their own that handles REFER alone (nolink_ruleset): granted on
+ * the same entries, so nothing is linked or moved out of a protected hierarchy, nor into one,
+ * across directories (EXDEV: mv then copies). A link in the same directory as a protected
+ * *file* (`ln /repo/tests/hidden.sh /repo/tests/h2`) needs no REFER; such an entry of a
+ * directory on the way, a file with the inode of a protected file, gets no rule in the agent
+ * commands' ruleset, so it is as protected as the file. Links shipped in an image are
+ * refused by the node at create.
+ *
  * Limits: a hierarchy a mount shows twice is protected only where named (dsec makes no such
- * mount; commands cannot mount); a file hard-linked from elsewhere before protection is as
- * reachable as its other name; stat() is never checked by Landlock, so names and sizes can
+ * mount; commands cannot mount); stat() is never checked by Landlock, so names and sizes can
  * be probed; kernels before Landlock ABI 3 (Linux 6.2) do not check truncate(2), so there
  * the command also gets a seccomp filter that refuses truncate(2) (ftruncate needs a file
  * opened for writing, which Landlock refuses).
@@ -127,9 +136,18 @@ static int is_ancestor(const char *a, const char *p) {
     return strncmp(a, p, n) == 0 && p[n] == '/';
 }
 
-/* Grants every handled right beneath each entry of directory `dir` that is neither
- * protected nor an ancestor of a protected path. */
-static int allow_siblings(int rs, const char *dir, char **prot, int np, uint64_t rights) {
+/* Is `st` the inode of one of the `nl` protected files in `linked`? */
+static int is_linked(const struct stat *st, const struct stat *linked, int nl) {
+    for (int i = 0; i < nl; i++)
+        if (st->st_dev == linked[i].st_dev && st->st_ino == linked[i].st_ino) return 1;
+    return 0;
+}
+
+/* Grants every handled right (`rights`) beneath each entry of directory `dir` that is
+ * neither protected, nor an ancestor of a protected path, nor another name of one of the
+ * `nl` multiply-linked protected files `linked` (a hard link beside it). */
+static int allow_siblings(int rs, const char *dir, char **prot, int np, uint64_t rights,
+                          const struct stat *linked, int nl) {
     DIR *d = opendir(dir);
     if (!d) return errno == ENOENT ? 0 : -1; /* a path not made yet: nothing to allow */
     struct dirent *e;
@@ -145,23 +163,52 @@ static int allow_siblings(int rs, const char *dir, char **prot, int np, uint64_t
         if (fd < 0) continue; /* gone since readdir */
         struct stat st;
         struct ll_path_beneath pb = {rights, fd};
-        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) pb.allowed_access &= LL_FILE_RIGHTS;
-        if (syscall(__NR_landlock_add_rule, rs, LL_RULE_PATH_BENEATH, &pb, 0) < 0) rc = -1;
+        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            pb.allowed_access &= LL_FILE_RIGHTS;
+            if (st.st_nlink > 1 && is_linked(&st, linked, nl)) pb.allowed_access = 0;
+        }
+        /* no right left (a linked name; a file where only REFER is handled): no rule */
+        if (pb.allowed_access &&
+            syscall(__NR_landlock_add_rule, rs, LL_RULE_PATH_BENEATH, &pb, 0) < 0)
+            rc = -1;
         close(fd);
     }
     closedir(d);
     return rc;
 }
 
-/* A Landlock ruleset fd denying the hierarchies `paths` (NULL-terminated), -1 with errno. */
-static int protect_ruleset(char **paths) {
+/* A ruleset handling only EXECUTE, granted everywhere: under ABI 1 (no REFER to handle)
+ * any Landlock domain refuses every link or rename across directories. */
+static int refer_nowhere_ruleset(void) {
+    struct ll_ruleset_attr attr = {1ULL << 0};
+    int rs = (int)syscall(__NR_landlock_create_ruleset, &attr, sizeof attr, 0);
+    if (rs < 0) return -1;
+    int fd = open("/", O_PATH | O_CLOEXEC), saved = 0;
+    struct ll_path_beneath pb = {1ULL << 0, fd};
+    if (fd < 0 || syscall(__NR_landlock_add_rule, rs, LL_RULE_PATH_BENEATH, &pb, 0) < 0)
+        saved = errno;
+    if (fd >= 0) close(fd);
+    if (saved) {
+        close(rs);
+        errno = saved;
+        return -1;
+    }
+    return rs;
+}
+
+/* A Landlock ruleset fd for the hierarchies `paths` (NULL-terminated), -1 with errno:
+ * `nolink` 0 denies them every right (agent commands), 1 only REFER (the grading step:
+ * no name of theirs is linked or moved across directories). */
+static int paths_ruleset(char **paths, int nolink) {
     int abi = ll_abi();
     if (abi < 1) {
         errno = EOPNOTSUPP;
         return -1;
     }
+    if (nolink && abi < 2) return refer_nowhere_ruleset();
     char *prot[MAX_PROTECT], *anc[MAX_PROTECT * 16];
-    int np = 0, na = 0, rs = -1, saved = 0;
+    struct stat linked[MAX_PROTECT];
+    int np = 0, na = 0, nl = 0, rs = -1, saved = 0;
     for (int i = 0; paths[i] && !saved; i++) {
         if (np >= MAX_PROTECT) saved = E2BIG;
         else if (!(prot[np] = resolve_protected(paths[i]))) saved = EINVAL;
@@ -189,12 +236,18 @@ static int protect_ruleset(char **paths) {
             else na++;
         }
     }
-    uint64_t rights = ll_handled(abi);
+    /* protected files with other names (a link the grading step made beside one) */
+    for (int i = 0; i < np && !saved && !nolink; i++)
+        if (stat(prot[i], &linked[nl]) == 0 && !S_ISDIR(linked[nl].st_mode) &&
+            linked[nl].st_nlink > 1)
+            nl++;
+    uint64_t rights = nolink ? LL_REFER : ll_handled(abi);
     struct ll_ruleset_attr attr = {rights};
     if (!saved && (rs = (int)syscall(__NR_landlock_create_ruleset, &attr, sizeof attr, 0)) < 0)
         saved = errno;
     for (int i = 0; i < na && !saved; i++)
-        if (allow_siblings(rs, anc[i], prot, np, rights) < 0) saved = errno ? errno : EIO;
+        if (allow_siblings(rs, anc[i], prot, np, rights, linked, nl) < 0)
+            saved = errno ? errno : EIO;
     for (int i = 0; i < np; i++) free(prot[i]);
     for (int i = 0; i < na; i++) free(anc[i]);
     if (saved) {
@@ -204,6 +257,13 @@ static int protect_ruleset(char **paths) {
     }
     return rs;
 }
+
+/* The ruleset keeping agent commands out of the hierarchies `paths`. */
+static int protect_ruleset(char **paths) { return paths_ruleset(paths, 0); }
+
+/* The grading step's: `paths` readable and writable, but no name of theirs is linked or
+ * moved out of (or into) them across directories. */
+static int nolink_ruleset(char **paths) { return paths_ruleset(paths, 1); }
 
 /* Before ABI 3 Landlock does not check truncate(2): refuse that call to the command. */
 static int deny_truncate(void) {
@@ -224,10 +284,11 @@ static int deny_truncate(void) {
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
 }
 
-/* In the command's child: enter the ruleset built for it (no_new_privs first). */
-static int enter_protection(int rs) {
+/* In the command's child: enter the ruleset built for it (no_new_privs first; every
+ * sandbox process has it already). `truncate` 0: the grading step's, which may truncate. */
+static int enter_protection(int rs, int truncate) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return -1;
-    if (ll_abi() < 3 && deny_truncate() < 0) return -1;
+    if (!truncate && ll_abi() < 3 && deny_truncate() < 0) return -1;
     if (syscall(__NR_landlock_restrict_self, rs, 0) < 0) return -1;
     close(rs);
     return 0;

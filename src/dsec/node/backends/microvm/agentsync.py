@@ -19,7 +19,8 @@ class SyncCommand:
 
     def __init__(self, connect: Callable[[], socket.socket], argv: list[str],
                  env: dict[str, str] | None = None, timeout: float = 600.0,
-                 unconfined: bool = False, protect: list[str] | None = None) -> None:
+                 unconfined: bool = False, protect: list[str] | None = None,
+                 nolink: list[str] | None = None) -> None:
         try:
             self.sock = connect()
         except OSError as exc:
@@ -27,7 +28,7 @@ class SyncCommand:
         self.sock.settimeout(timeout)
         self.exit_code: int | None = None
         req = SpawnRequest(argv=argv, env=env or {"PATH": "/.dsec:/bin"}, unconfined=unconfined,
-                           protect=list(protect or []))
+                           protect=list(protect or []), nolink=list(nolink or []))
         self._send(b"S", req.encode())
         kind, payload = self._recv()
         if kind == b"F":

@@ -35,14 +35,18 @@ __all__ = ["AgentFiles"]
 BB = "/.dsec/busybox"
 _STAT_FMT = "%f|%s|%Y|%n"
 _MARK = "dsec-protected:"  # what the in-guest resolution prints when it lands in one
+_LINKED = "dsec-linked:"  # ... when it lands on another name of a protected file
 _REFUSED = 97
 
 
 def _guard_sh(protected: tuple[str, ...]) -> str:
     """A shell function ``_g PATH follow|entry path|tree`` that exits with the marker when
     PATH (``follow``: itself resolved; ``entry``: its parent resolved, plus its last name)
-    is or lies under a protected path (``tree``: or holds one below it). A path that does
-    not resolve yet (missing parents) passes: the command then fails, or Landlock stops it."""
+    is or lies under a protected path (``tree``: or holds one below it), or is a file with
+    several names and the inode of a protected file (a hard link the grading step made
+    beside one: stat is not checked by Landlock, so the guarded command may look). A path
+    that does not resolve yet (missing parents) passes: the command then fails, or Landlock
+    stops it."""
     prots = " ".join(shlex.quote(p.rstrip("/")) for p in protected)
     return (f'_g() {{ if [ "$2" = entry ]; then '
             f'r=$({BB} readlink -f -- "$({BB} dirname -- "$1")") || return 0; '
@@ -50,7 +54,11 @@ def _guard_sh(protected: tuple[str, ...]) -> str:
             f'else r=$({BB} readlink -f -- "$1") || return 0; fi; '
             f'for p in {prots}; do case "$r/" in "$p"/*) ;; *) [ "$3" = tree ] || continue; '
             f'case "$p/" in "${{r%/}}"/*) ;; *) continue;; esac;; esac; '
-            f'echo "{_MARK}$r" >&2; exit {_REFUSED}; done; }}; ')
+            f'echo "{_MARK}$r" >&2; exit {_REFUSED}; done; '
+            f'_i() {{ {BB} stat -c "%h %d:%i %F" -- "$1" 2>/dev/null; }}; t=$(_i "$r"); '
+            f'case "$t" in "1 "*|*" directory"|"") return 0;; '
+            f'esac; for p in {prots}; do [ "$(_i "$p")" = "$t" ] || continue; '
+            f'echo "{_LINKED}$r|$p" >&2; exit {_REFUSED}; done; }}; ')
 
 
 def _parse_stat(line: str, path: str | None = None) -> FileInfo:
@@ -63,6 +71,11 @@ def _parse_stat(line: str, path: str | None = None) -> FileInfo:
 
 def _raise(path: str, code: int, err: bytes, protected: tuple[str, ...] = ()) -> None:
     msg = err.decode(errors="replace").strip()
+    if protected and code == _REFUSED and _LINKED in msg:
+        resolved, hit = msg.split(_LINKED, 1)[1].splitlines()[0].split("|", 1)
+        raise Forbidden(f"{path} is protected: it is a hard link to {hit}, one of the "
+                        "sandbox's protected_paths, which only the grading identity (a "
+                        "grader or admin token) reaches through the files API")
     if protected and code == _REFUSED and _MARK in msg:
         resolved = msg.split(_MARK, 1)[1].splitlines()[0]
         prot.check_tree(protected, path, resolved)
@@ -137,9 +150,12 @@ class AgentFiles:
     """:class:`dsec.node.files.FileOps` for a guest, through its agent."""
 
     def __init__(self, connect: Callable[[], socket.socket],
-                 protected: tuple[str, ...] = ()) -> None:
+                 protected: tuple[str, ...] = (), nolink: tuple[str, ...] = ()) -> None:
         self.connect = connect
         self.protected = protected
+        # the grading identity's: its commands (a tar upload's hard-link entries) make no
+        # other name for a protected file across directories (agent/protect.h)
+        self.nolink = nolink
 
     def _cmd(self, script: str, *args: str, guard: str = "") -> SyncCommand:
         """``script`` run with ``args`` as ``$1``...; ``guard`` (e.g. ``"follow path"``):
@@ -147,7 +163,7 @@ class AgentFiles:
         pre = f'{_guard_sh(self.protected)}_g "$1" {guard}; ' if guard and self.protected \
             else ""
         return SyncCommand(self.connect, [BB, "sh", "-c", pre + script, "sh", *args],
-                           protect=list(self.protected))
+                           protect=list(self.protected), nolink=list(self.nolink))
 
     def _run(self, path: str, script: str, *args: str, stdin: bytes = b"",
              guard: str = "") -> bytes:
