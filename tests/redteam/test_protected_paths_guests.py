@@ -44,5 +44,8 @@ async def test_guest_commands_cannot_reach_protected_paths(guest_server, backend
             r = await sb.exec("cat /grader/secret.txt; ls /grader", grading=True, timeout=60)
             assert r.stdout == f"{SECRET}\nsecret.txt\n", (backend, r)
             assert (await sb.exec("echo ok > /tmp/x && cat /tmp/x")).stdout == "ok\n"
+            if backend == "vm":  # its display's keyboard reaches tty1's shell, unconfined
+                with pytest.raises(dsec.Forbidden, match="console shell"):
+                    await sb.input.type("cat /grader/secret.txt > /tmp/typed\n")
         finally:
             await sb.stop()

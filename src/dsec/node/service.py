@@ -681,6 +681,13 @@ class NodeService:
         if req.text is None and not req.keys and req.click is None:
             raise InvalidArgument("input needs text, keys or click; got none of them")
         backend, rec = await self._active(sb_id)
+        if rec.spec.protected_paths:
+            # What a display takes reaches the guest's console shell, which init starts at
+            # boot, before any protected path is known: Landlock does not confine it.
+            raise Forbidden(
+                f"sandbox {sb_id} has protected_paths, and display input would reach its "
+                "console shell, which they do not confine; create it without "
+                "protected_paths to use the display's input")
         if req.text is not None:
             await backend.type_text(rec, req.text)
         if req.keys:
