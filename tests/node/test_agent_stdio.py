@@ -26,10 +26,13 @@ def agent_socket(tmp_path: Path):
     binary = ensure_agent(tmp_path / "bin")
     sock = tmp_path / "agent.sock"
     proc = subprocess.Popen([str(binary), "serve-unix", str(sock)])
-    for _ in range(200):
-        if sock.exists():
+    for _ in range(1000):  # the file appears at bind(), a moment before listen()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.connect(str(sock))
             break
-        time.sleep(0.01)
+        except OSError:
+            time.sleep(0.01)
     try:
         yield str(sock)
     finally:

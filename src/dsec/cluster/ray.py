@@ -112,7 +112,12 @@ class _NodeActor:
 def node_actor_class():
     """The Ray actor class (built on first use so that importing dsec needs no Ray)."""
     import ray
-    return ray.remote(num_cpus=0, max_concurrency=1000)(_NodeActor)
+    # The node process adopts its containers' inits (node/host/reaper.py), and a Ray
+    # worker kills its direct children when it exits: that would take every sandbox of a
+    # killed or restarted node agent with it, where they are meant to outlive it.
+    keep_children = {"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}}
+    return ray.remote(num_cpus=0, max_concurrency=1000,
+                      runtime_env=keep_children)(_NodeActor)
 
 
 def start_node_actor(state_dir: Path, token: str, backends: list[str] | None = None,
