@@ -147,7 +147,9 @@ async def test_a_queued_burst_over_http_is_admitted_in_arrival_order(tmp_path, n
 
             async def one() -> None:
                 sb = await c.create(wait_s=60, cpu=0.05, memory_mb=64)
-                await asyncio.sleep(0.02)
+                # held long enough that a line forms however slowly a loaded machine
+                # sends the burst (120 x 0.2 s over 12 slots: at least 2 s)
+                await asyncio.sleep(0.2)
                 await sb.stop()
 
             tasks = []
