@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import dsec
 from dsec.api.projects import Quota
-from dsec.cluster.simulated import SimulatedNodes
 from dsec.cluster.static import StaticCluster
 from dsec.gateway.app import create_app
 from dsec.gateway.projects import Projects
@@ -27,6 +26,7 @@ from dsec.gateway.projects.line import SharedLine
 from dsec.gateway.projects.order import ArrivalOrder
 from dsec.gateway.projects.quota import Ask
 from tests.support.gateway import serving
+from tests.support.simnodes import simulated_nodes
 
 CLUSTER = "dsec_test_order_cluster"  # gateway -> node
 ROOT = "dsec_test_order_root"        # user -> gateway
@@ -125,10 +125,8 @@ async def scrape(url: str, project: str) -> tuple[float, float]:
 
 @pytest.fixture
 async def nodes(tmp_path):
-    nodes = SimulatedNodes(tmp_path / "nodes", 2, CLUSTER)
-    await nodes.start()
-    yield nodes
-    await nodes.close()
+    async with simulated_nodes(tmp_path / "nodes", CLUSTER) as nodes:
+        yield nodes
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["fifo", "newest-first"])

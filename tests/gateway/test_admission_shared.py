@@ -21,7 +21,6 @@ import pytest
 
 import dsec
 from dsec.api.projects import Quota
-from dsec.cluster.simulated import SimulatedNodes
 from dsec.cluster.static import StaticCluster
 from dsec.gateway.app import create_app
 from dsec.gateway.projects import Projects
@@ -30,6 +29,7 @@ from dsec.gateway.projects.order import ArrivalOrder
 from dsec.gateway.projects.quota import Ask
 from tests.gateway.test_admission_metric import ROOT, scrape  # user -> gateway
 from tests.support.gateway import serving
+from tests.support.simnodes import simulated_nodes
 
 CLUSTER = "dsec_test_shared_cluster"  # gateway -> node
 ONE = Ask(1, 0.5, 64)
@@ -180,10 +180,8 @@ async def test_a_crashed_gateways_ticket_expires(tmp_path):
 
 @pytest.fixture
 async def nodes(tmp_path):
-    nodes = SimulatedNodes(tmp_path / "nodes", 2, CLUSTER)
-    await nodes.start()
-    yield nodes
-    await nodes.close()
+    async with simulated_nodes(tmp_path / "nodes", CLUSTER) as nodes:
+        yield nodes
 
 
 async def test_two_gateways_over_http_serve_one_line(tmp_path, nodes):
