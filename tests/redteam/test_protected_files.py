@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import dsec
+from tests.support.layers import import_linked_layer
 
 SECRET = b"expected-answer-42\n"
 HIDDEN = b"#!/bin/sh\necho hidden test\n"
@@ -288,18 +289,9 @@ async def test_e2b_intact_after_its_attacks(roles, e2b_user):
 @pytest.fixture
 async def linked_layer(client, server, tmp_path):
     """A layer whose /srv/h (and /srv/d/h2) is a hard link to its /grader/secret.txt."""
-    import asyncio
-
     from dsec.images import ImageService
-    root = tmp_path / "layer"
-    (root / "grader").mkdir(parents=True)
-    (root / "srv" / "d").mkdir(parents=True)
-    (root / "grader" / "secret.txt").write_bytes(SECRET)
-    (root / "srv" / "h").hardlink_to(root / "grader" / "secret.txt")
-    (root / "srv" / "d" / "h2").hardlink_to(root / "grader" / "secret.txt")
-    (root / "srv" / "plain.txt").write_bytes(b"plain\n")
-    tag = f"pf/linked-{secrets.token_hex(4)}:v1"
-    await asyncio.to_thread(ImageService(server.state_dir).import_rootfs, root, tag)
+    tag = await import_linked_layer(ImageService(server.state_dir), tmp_path / "layer", "pf",
+                                    SECRET, extra={"srv/plain.txt": b"plain\n"})
     yield tag
     await client.remove_image(tag)
 

@@ -16,6 +16,7 @@ import tarfile
 import pytest
 
 import dsec
+from tests.support.layers import import_linked_layer
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -126,18 +127,9 @@ async def test_guest_files_api_keeps_a_user_out_of_protected_paths(guest_server,
 @pytest.fixture
 async def linked_layer(guest_server, tmp_path):
     """A layer whose /srv/h (and /srv/d/h2) is a hard link to its /grader/secret.txt."""
-    import asyncio
-
     from dsec.images import ImageService
-    root = tmp_path / "layer"
-    (root / "grader").mkdir(parents=True)
-    (root / "srv" / "d").mkdir(parents=True)
-    (root / "grader" / "secret.txt").write_bytes(SECRET)
-    (root / "srv" / "h").hardlink_to(root / "grader" / "secret.txt")
-    (root / "srv" / "d" / "h2").hardlink_to(root / "grader" / "secret.txt")
-    tag = f"pg/linked-{secrets.token_hex(4)}:v1"
     images = ImageService(guest_server.state_dir)
-    await asyncio.to_thread(images.import_rootfs, root, tag)
+    tag = await import_linked_layer(images, tmp_path / "layer", "pg", SECRET)
     yield tag
     images.untag(tag)  # a guest-only node serves no image routes
 
