@@ -17,6 +17,7 @@ from dsec.node.density.config import DensityConfig, SwapConfig
 from dsec.node.density.swap import LABEL, read_swaps, swap_label
 from dsec.node.host.cgroups import detect
 from dsec.node.service import NodeService
+from tests.support.density import reclaimed
 
 # A shell holding 40 MB of anonymous memory (a variable) and a 32 MiB tmpfs file: both
 # compressible, both must come back byte for byte. /tmp/ask makes it report its length.
@@ -48,15 +49,6 @@ async def holding(node, **spec) -> tuple[str, str]:
     await node.exec(info.id, ExecRequest(cmd=["sh", "-c", HOLD], background=True))
     await sh(node, info.id, "while [ ! -f /tmp/held ]; do sleep 0.1; done")
     return info.id, md5
-
-
-async def reclaimed(node, sb_id: str):
-    for _ in range(600):
-        info = await node.get(sb_id)
-        if info.reclaim and not info.reclaim.startswith("reclaiming"):
-            return info
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"reclaim of {sb_id} did not end: {info.reclaim}")
 
 
 async def intact(node, sb_id: str, md5: str, init_pid: int) -> None:

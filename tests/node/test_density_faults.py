@@ -20,7 +20,8 @@ from dsec.node.density.config import DensityConfig, SwapConfig
 from dsec.node.density.swap import SwapManager
 from dsec.node.host.cgroups import detect
 from dsec.node.service import NodeService
-from tests.node.test_density import holding, intact, reclaimed, sh
+from tests.node.test_density import holding, intact, sh
+from tests.support.density import reclaimed
 
 MiB = 1 << 20
 

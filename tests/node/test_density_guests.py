@@ -21,6 +21,7 @@ from dsec.node.config import NodeConfig
 from dsec.node.density.config import DensityConfig, SwapConfig
 from dsec.node.host.cgroups import detect
 from dsec.node.service import NodeService
+from tests.support.density import reclaimed
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(400)]
 
@@ -112,15 +113,6 @@ async def test_a_best_effort_guest_runs_sched_idle_and_gets_far_less_cpu(node):
         await asyncio.gather(node.stop(be.id), node.stop(lat.id))
 
 
-async def reclaimed(node, sb_id: str):
-    for _ in range(1200):
-        info = await node.get(sb_id)
-        if info.reclaim and not info.reclaim.startswith("reclaiming"):
-            return info
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"reclaim of {sb_id} did not end: {info.reclaim}")
-
-
 def swap_allowed(drv, rel: str, limit: int) -> int:
     """What the cgroup may hold in swap now (v1: memsw above the memory limit)."""
     if drv.version == 2:
@@ -140,7 +132,7 @@ async def test_pause_reclaims_a_guests_memory_and_every_byte_comes_back(node):
         held, used = drv.memory_bytes(rel), (await node.get(info.id)).memory_used_mb
         assert held > 48 << 20 and swap_allowed(drv, rel, limit) == 0  # no swap running
         await node.pause(info.id)
-        done = await reclaimed(node, info.id)
+        done = await reclaimed(node, info.id, polls=1200)
         assert done.memory_reclaimed_mb >= 40, done
         assert done.memory_swapped_mb > 0
         # What SandboxInfo says its QEMU holds (Pss, file pages it shares with other
