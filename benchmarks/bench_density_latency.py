@@ -38,13 +38,7 @@ BOMB_PIDS = 256
 
 
 async def steps(node, sb_id: str, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        r = await node.exec(sb_id, ExecRequest(cmd=["sh", "-c", STEP], timeout=120))
-        assert r.exit_code == 0, r.stderr
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+    return await common.step_times(node, sb_id, STEP, n, timeout=120)
 
 
 async def admitted(node, spec: SandboxSpec, wait_s: float = 120.0) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import common
@@ -29,13 +28,7 @@ GUEST_DIR = Path(__file__).resolve().parents[1] / "build" / "guest"
 
 
 async def steps(node, sb_id: str, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        r = await node.exec(sb_id, ExecRequest(cmd=["sh", "-c", STEP], timeout=300))
-        assert r.exit_code == 0, r.stderr
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+    return await common.step_times(node, sb_id, STEP, n, timeout=300)
 
 
 async def run(n: int, backend: str) -> dict[str, list[float]]:

@@ -28,7 +28,7 @@ from tests.support.server import ServerProcess, leftovers  # noqa: E402
 
 __all__ = ["ServerProcess", "server", "parse_args", "percentile", "summary", "fmt_ms",
            "ratio", "table", "machine", "load", "drop_caches", "mem_available", "meminfo",
-           "leftover_report", "publish", "timed", "sh", "mounts_under"]
+           "leftover_report", "publish", "timed", "step_times", "sh", "mounts_under"]
 
 
 # ---- arguments ----
@@ -115,6 +115,19 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+async def step_times(node, sb_id: str, cmd: str, n: int, timeout: float) -> list[float]:
+    """Milliseconds of each of ``n`` runs, one after another, of ``sh -c cmd`` in sandbox
+    ``sb_id`` through ``node``'s exec (a NodeService); each must exit 0."""
+    from dsec.api.models import ExecRequest
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = await node.exec(sb_id, ExecRequest(cmd=["sh", "-c", cmd], timeout=timeout))
+        assert r.exit_code == 0, r.stderr
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 def sh(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
