@@ -17,7 +17,7 @@ from pathlib import Path
 from dsec.api.errors import DSecError, Unauthorized
 from dsec.gateway.projects.admission import Admission
 from dsec.gateway.projects.audit import AuditLog
-from dsec.gateway.projects.db import open_control_db
+from dsec.gateway.projects.db import CHECKPOINT_S, Checkpointer, open_control_db
 from dsec.gateway.projects.ledger import FLUSH_S, Ledger
 from dsec.gateway.projects.store import Principal, ProjectStore, token_hash
 
@@ -42,6 +42,9 @@ class Projects:
         self.reconcile_s = reconcile_s
         self._task: asyncio.Task | None = None
         self._flush_at: asyncio.TimerHandle | None = None
+        # the WAL's checkpoints (and their fsyncs) off the event loop; none in memory
+        self.checkpointer = None if str(path) == ":memory:" else Checkpointer(path)
+        self._checkpoints: asyncio.Task | None = None
 
     def authenticate(self, header: bytes) -> Principal:
         """The caller an ``Authorization`` header names; Unauthorized saying why not."""
@@ -64,7 +67,17 @@ class Projects:
     # ---- keeping the ledger true ----
     def start(self, gateway) -> None:
         self._task = asyncio.create_task(self._reconcile_forever(gateway))
+        if self.checkpointer is not None:
+            self._checkpoints = asyncio.create_task(self._checkpoint_forever())
         self.ledger.defer = self._flush_soon
+
+    async def _checkpoint_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECKPOINT_S)
+            try:
+                await asyncio.to_thread(self.checkpointer.run)
+            except Exception:  # a busy or failing disk this round; the backstop remains
+                log.exception("checkpointing the control store failed")
 
     def _flush_soon(self) -> None:
         """Confirmations wait in memory: written with the next write, or FLUSH_S from now."""
@@ -80,10 +93,12 @@ class Projects:
             self._flush_soon()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._checkpoints):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
         if self._flush_at is not None:
@@ -91,6 +106,8 @@ class Projects:
         self.ledger.defer = None
         self.ledger.flush()
         self.admission.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.conn.close()
 
     async def _reconcile_forever(self, gw) -> None:
