@@ -71,6 +71,7 @@ class _NodeActor:
         from dsec.cluster.local import LocalCluster
         from dsec.gateway.app import create_app
         from dsec.gateway.coalesce import CoalescingProtocol
+        from dsec.gateway.server import settle_heap
         from dsec.node.config import NodeConfig
         from dsec.node.service import NodeService
 
@@ -86,6 +87,7 @@ class _NodeActor:
                                                     http=CoalescingProtocol,
                                                     timeout_keep_alive=NODE_KEEPALIVE_S,
                                                     ws="websockets-sansio"))
+        settle_heap()  # as the embedded server does: the collector off the node's heap
         self._task = asyncio.create_task(self.server.serve())
         while not self.server.started:
             if self._task.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from pathlib import Path
@@ -21,8 +22,22 @@ from dsec.node.config import NodeConfig
 __all__ = ["serve", "secure_state_dir", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 7070
+GC_YOUNG = 10_000  # allocations between young collections (CPython's default is 700)
 log = logging.getLogger("dsec.gateway")
 slog = structlog.get_logger("dsec.gateway")
+
+
+def settle_heap() -> None:
+    """Once the app is built: what exists now (modules, the app, its models and schemas,
+    the node's records) is moved out of the collector's generations, and the young
+    generation is collected less often. Without it the cyclic collector was about 9 % of
+    the server's CPU per exec under load (perf): each older-generation pass walked every
+    object the server has ever kept. Cycles are still collected; only less often and
+    over what was made since."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG, older, oldest)
 
 
 async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> None:
@@ -37,6 +52,7 @@ async def _serve(config: NodeConfig, host: str, port: int, on_ready=None) -> Non
                                            log_config=None))  # logs.configure's JSON
     slog.info(f"dsec: serving on http://{host}:{port}", url=f"http://{host}:{port}",
               node=cluster.node.node_id, sandboxes_recovered=len(cluster.node.records))
+    settle_heap()
     await server.serve()
 
 
@@ -84,6 +100,7 @@ async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: 
                                            ws="websockets-sansio", log_config=None))
     slog.info(f"dsec: gateway on http://{host}:{port} over {over}",
               url=f"http://{host}:{port}", over=over)
+    settle_heap()
     await server.serve()
 
 
