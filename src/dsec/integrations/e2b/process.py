@@ -35,8 +35,8 @@ from dsec.integrations.e2b.messages import (SIGNALS, CloseStdinRequest, ConnectR
 __all__ = ["Target", "start_events", "connect_events", "list_processes", "send_signal",
            "send_input", "close_stdin", "update", "stream_input", "decode_user"]
 
-# Records go to /dev/shm, a tmpfs of the sandbox's own in containers and guests (out of
-# sight of a files.list of /tmp), or to /tmp in an image without it.
+# Records go to /dev/shm, the sandbox's own in containers (outside its image layer) and
+# guests (out of sight of a files.list of /tmp), or to /tmp in an image without it.
 _PROLOGUE = (
     '{ printf "%s" "$1" > "/dev/shm/.e2b-proc-$$" || printf "%s" "$1" > "/tmp/.e2b-proc-$$"; '
     '} 2>/dev/null; shift; p="$1"; shift; '

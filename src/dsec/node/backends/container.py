@@ -2,6 +2,8 @@
 
 Per sandbox, under ``<state>/sandboxes/<id>/``:
   rw/       a tmpfs sized ``disk_mb``: the overlay's upper and work dirs (the disk limit)
+            and shm/, bound at the sandbox's /dev/shm (so shared memory counts against
+            disk_mb too, and pack_diff of upper/ never sees it)
   rootfs/   the overlay: the image's layer mounts (shared, read-only) + rw/upper
   config.json, runc.log
 The sandbox's main process, its pid 1, is ``dsec-agent serve-fd 3``: being the namespace's
@@ -31,7 +33,7 @@ from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts, reaper
 from dsec.node.host.charged import Charge
 from dsec.node.host.imagelinks import ImageLinks
-from dsec.node.host.oci import ContainerConfig, build_config
+from dsec.node.host.oci import ContainerConfig, build_config, host_masked_dirs
 from dsec.node.host.rooted import RootedFiles
 
 __all__ = ["ContainerBackend"]
@@ -59,6 +61,10 @@ class ContainerBackend(Backend):
         self.core = cpuclass.core_scheduling()
         self.image_links = ImageLinks()  # the create-time hard-link check, per image once
         self.runc_root.mkdir(parents=True, exist_ok=True)
+        # bound read-only over masked /sys directories, in place of a tmpfs each (oci.py)
+        self.empty_dir = state_dir / "empty"
+        self.empty_dir.mkdir(exist_ok=True)
+        self.empty_dir.chmod(0o555)
         reaper.hold_subreaper()  # so the inits runc leaves behind are ours to reap
         self._closed = False
         self.agent_pool = AgentPool()  # idle agent connections, reused by the next exec
@@ -113,6 +119,8 @@ class ContainerBackend(Backend):
                      f"size={disk_mb}m,mode=755")
         (rw / "upper").mkdir(exist_ok=True)
         (rw / "work").mkdir(exist_ok=True)
+        (rw / "shm").mkdir(exist_ok=True)
+        (rw / "shm").chmod(0o1777)
         lower = ":".join(str(p) for p in lowerdirs)
         opts = f"lowerdir={lower},upperdir={rw / 'upper'},workdir={rw / 'work'}"
         if len(opts) > 4000:
@@ -147,6 +155,9 @@ class ContainerBackend(Backend):
             memory_mb=rec.spec.memory_mb,
             pids=rec.spec.pids,
             binds=[(str(self.agent_binary), "/.dsec/agent")],
+            shm_dir=str(d / "rw" / "shm"),
+            empty_dir=str(self.empty_dir),
+            masked_dirs=host_masked_dirs(),
         ))
 
     @staticmethod

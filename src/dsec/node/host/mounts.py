@@ -11,8 +11,8 @@ import ctypes.util
 import os
 from pathlib import Path
 
-__all__ = ["mount", "umount", "is_mountpoint", "mounts_under", "MS_RDONLY", "MS_NOSUID",
-           "MS_NODEV", "MS_REMOUNT", "MNT_DETACH"]
+__all__ = ["mount", "umount", "is_mountpoint", "mounts_under", "superblocks", "MS_RDONLY",
+           "MS_NOSUID", "MS_NODEV", "MS_REMOUNT", "MNT_DETACH"]
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -65,3 +65,16 @@ def mounts_under(prefix: str | Path) -> list[str]:
     p = str(Path(prefix).resolve())
     found = [t for t in _mountinfo_targets() if t == p or t.startswith(p + "/")]
     return sorted(set(found), key=lambda t: t.count("/"), reverse=True)
+
+
+def superblocks(mountinfo: str) -> dict[str, tuple[str, str]]:
+    """The distinct filesystems (superblocks) of a mount table, the text of a
+    ``/proc/<pid>/mountinfo``: {major:minor: (first mount target, fs type)}. Binds share
+    their source's superblock; every new one costs kernel memory per memory cgroup (see
+    :mod:`dsec.node.host.oci`)."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in mountinfo.splitlines():
+        f = line.split(" ")
+        if len(f) > 7 and "-" in f[6:]:
+            out.setdefault(f[2], (f[4], f[f.index("-", 6) + 1]))
+    return out

@@ -8,12 +8,13 @@ refusals: see :mod:`dsec.node.host.seccomp`), and rlimits inside the host's hard
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsec.node.host import seccomp
 
-__all__ = ["ContainerConfig", "build_config", "CAPABILITIES"]
+__all__ = ["ContainerConfig", "build_config", "host_masked_dirs", "CAPABILITIES"]
 
 # Docker's default set minus NET_RAW (no raw sockets for port scans) and MKNOD.
 CAPABILITIES = [
@@ -22,12 +23,18 @@ CAPABILITIES = [
     "CAP_AUDIT_WRITE",
 ]
 
-MASKED = [
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-    "/proc/kpagecgroup", "/proc/kpagecount", "/proc/kpageflags", "/sys/firmware",
-    "/sys/devices/virtual/powercap", "/sys/kernel/debug",
+# Files runc hides under a bind of /dev/null: no mount of their own.
+MASKED_FILES = [
+    "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/kpagecgroup", "/proc/kpagecount",
+    "/proc/kpageflags",
 ]
+# Directories: runc hides each under a read-only tmpfs of its own, a superblock per directory
+# per sandbox. Every superblock registers a memcg-aware shrinker and the kernel keeps
+# shrinker state per (memory cgroup, shrinker), so each one costs kernel memory in proportion
+# to the number of sandboxes: N sandboxes of s superblocks cost O(s x N^2) (issue 12).
+MASKED_DIRS = ["/proc/acpi", "/proc/asound", "/proc/scsi", "/sys/firmware",
+               "/sys/devices/virtual/powercap", "/sys/kernel/debug"]
 READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 NOFILE_LIMIT = 4096  # well inside the host's hard limit of open files
@@ -47,6 +54,47 @@ class ContainerConfig:
     pids: int
     binds: list[tuple[str, str]] = field(default_factory=list)  # (host file, container path)
     netns_path: str | None = None
+    # None: /dev/shm is a 64 MiB tmpfs of its own (Docker's default); else this host
+    # directory (mode 1777, in the sandbox's rw tmpfs) is bound there.
+    shm_dir: str | None = None
+    # None: runc masks every directory with a tmpfs; else this empty host directory is bound
+    # read-only over the /sys ones (runc refuses binds inside /proc).
+    empty_dir: str | None = None
+    masked_dirs: list[str] = field(default_factory=lambda: list(MASKED_DIRS))
+
+
+def host_masked_dirs(root: Path = Path("/")) -> list[str]:
+    """The :data:`MASKED_DIRS` that need hiding on this host, for ``masked_dirs``.
+
+    A /proc directory is kept only if it has entries here: procfs content is the kernel's,
+    the same in every pid namespace, so one that is empty (or absent) on the host is empty
+    in the sandbox too and its tmpfs would hide nothing. Checked at every create, as runc
+    checks existence, so a directory a module fills later is masked from then on. A /sys
+    directory is kept if it exists (a bind over it costs no superblock; one in a read-only
+    sysfs that does not exist cannot be a mountpoint): /sys/kernel/debug is empty in the
+    sandbox's fresh sysfs and it has no CAP_SYS_ADMIN to mount debugfs there, but hiding it
+    is free, so it stays hidden.
+    """
+    out = []
+    for d in MASKED_DIRS:
+        p = root / d.lstrip("/")
+        try:
+            if d.startswith("/proc/"):
+                with os.scandir(p) as it:
+                    if next(it, None) is None:
+                        continue
+            elif not p.is_dir():
+                continue
+        except OSError:
+            continue
+        out.append(d)
+    return out
+
+
+def _sys_binds(cfg: ContainerConfig) -> list[str]:
+    if cfg.empty_dir is None:
+        return []
+    return [d for d in cfg.masked_dirs if d.startswith("/sys/")]
 
 
 def _mounts(cfg: ContainerConfig) -> list[dict]:
@@ -57,17 +105,38 @@ def _mounts(cfg: ContainerConfig) -> list[dict]:
          "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        _shm(cfg),
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
          "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs",
          "options": ["nosuid", "noexec", "nodev", "ro"]},
     ]
+    # Spec mounts come before runc's masks (it masks after pivot_root), so these binds land
+    # on the fresh sysfs above and nothing is masked over them.
+    for d in _sys_binds(cfg):
+        base.append({"destination": d, "type": "bind", "source": cfg.empty_dir,
+                     "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
     for src, dst in cfg.binds:
         base.append({"destination": dst, "type": "bind", "source": src,
                      "options": ["rbind", "ro", "nosuid", "nodev"]})
     return base
+
+
+def _shm(cfg: ContainerConfig) -> dict:
+    if cfg.shm_dir is None:
+        return {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
+    # A directory of the sandbox's rw tmpfs rather than a tmpfs of its own (one superblock
+    # less, see MASKED_DIRS): shared memory then counts against disk_mb, not a separate
+    # 64 MiB, and is charged to the sandbox's memory cgroup as before.
+    return {"destination": "/dev/shm", "type": "bind", "source": cfg.shm_dir,
+            "options": ["bind", "nosuid", "nodev", "noexec"]}
+
+
+def masked_paths(cfg: ContainerConfig) -> list[str]:
+    """What runc masks itself: the files (/dev/null) and the directories not bound over."""
+    bound = set(_sys_binds(cfg))
+    return MASKED_FILES + [d for d in cfg.masked_dirs if d not in bound]
 
 
 def build_config(cfg: ContainerConfig,
@@ -103,7 +172,7 @@ def build_config(cfg: ContainerConfig,
                 "pids": {"limit": cfg.pids},
             },
             "namespaces": namespaces,
-            "maskedPaths": MASKED,
+            "maskedPaths": masked_paths(cfg),
             "readonlyPaths": READONLY,
             "seccomp": seccomp.sandbox_filter(CAPABILITIES, seccomp_profile),
         },

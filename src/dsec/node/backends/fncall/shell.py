@@ -5,7 +5,7 @@ uid, through a ``/bin/sh`` wrapper that lowers the rlimits (CPU time, file size,
 processes) and raises its ``oom_score_adj`` before exec'ing the program. The node prepares
 and wipes the scratch directory from the host through the sandbox's root mount; after the
 call, a kill(-1) as the call uid ends leftovers and a root spawn empties /dev/shm and
-/dev/mqueue (mounts of the container's own). Only argv steps run here: sh, and bash, C or
+/dev/mqueue (the container's own, outside its upper layer). Only argv steps run here: sh, and bash, C or
 C++ when the image has them; Python code and callables need a Python image.
 """
 
