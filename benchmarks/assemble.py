@@ -10,8 +10,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 ORDER = ["exec", "hardening", "protected", "exec_load", "exec_memory", "create", "cluster",
-         "ray", "density", "density-10000", "density_mounts", "density_count", "density_pause",
-         "density_pause_microvm", "density_latency", "density_latency_microvm",
+         "ray", "density", "density-10000", "density_kernel", "density_mounts", "density_count",
+         "density_pause", "density_pause_microvm", "density_latency", "density_latency_microvm",
          "density_ksm", "density_pmem", "images_lazy",
          "images_memory", "images_cache", "images_build", "fncall", "trajectory", "jobs",
          "microvm", "guest_network", "registry", "registry_build"]

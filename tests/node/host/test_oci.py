@@ -20,19 +20,31 @@ def _cfg(**kw) -> oci.ContainerConfig:
                                cgroups_path="c", cpu=1, memory_mb=64, pids=64, **kw)
 
 
-def test_host_masked_dirs_keeps_proc_dirs_with_entries_and_existing_sys_dirs(tmp_path):
+def test_mask_plan_drops_only_empty_procfs_dirs_and_binds_existing_sys_dirs(tmp_path):
     (tmp_path / "proc/acpi").mkdir(parents=True)            # empty: nothing to hide
     (tmp_path / "proc/asound").mkdir()
     (tmp_path / "proc/asound/cards").write_text("")
     (tmp_path / "sys/firmware").mkdir(parents=True)
     (tmp_path / "sys/kernel/debug").mkdir(parents=True)     # empty, hidden anyway (free)
-    assert oci.host_masked_dirs(tmp_path) == ["/proc/asound", "/sys/firmware",
-                                              "/sys/kernel/debug"]
+    masked, hidden = oci.mask_plan(tmp_path)
+    # absent ones stay runc's: the node's /proc or /sys may show less than a fresh one
+    assert masked == ["/proc/asound", "/proc/scsi", "/sys/devices/virtual/powercap"]
+    assert hidden == ["/sys/firmware", "/sys/kernel/debug"]
+
+
+def test_mask_plan_keeps_an_empty_dir_that_is_a_mask_in_the_nodes_view(tmp_path):
+    acpi = tmp_path / "proc/acpi"
+    acpi.mkdir(parents=True)  # e.g. the node itself in a container that masked it
+    mounts.mount("tmpfs", acpi, "tmpfs", mounts.MS_RDONLY)
+    try:
+        assert "/proc/acpi" in oci.mask_plan(tmp_path)[0]
+    finally:
+        mounts.umount(acpi)
 
 
 def test_lean_spec_binds_shm_and_an_empty_dir_instead_of_a_tmpfs_each(profile):
-    cfg = _cfg(shm_dir="/s/rw/shm", empty_dir="/s/empty",
-               masked_dirs=["/proc/asound", "/sys/firmware", "/sys/kernel/debug"])
+    cfg = _cfg(shm_dir="/s/rw/shm", empty_dir="/s/empty", masked_dirs=["/proc/asound"],
+               hidden_dirs=["/sys/firmware", "/sys/kernel/debug"])
     spec = oci.build_config(cfg, seccomp_profile=profile)
     by_dest = {m["destination"]: m for m in spec["mounts"]}
     assert [m["type"] for m in spec["mounts"]].count("tmpfs") == 1  # /dev only

@@ -33,7 +33,7 @@ from dsec.node.files import FileOps
 from dsec.node.host import cgroups, mounts, reaper
 from dsec.node.host.charged import Charge
 from dsec.node.host.imagelinks import ImageLinks
-from dsec.node.host.oci import ContainerConfig, build_config, host_masked_dirs
+from dsec.node.host.oci import ContainerConfig, build_config, mask_plan
 from dsec.node.host.rooted import RootedFiles
 
 __all__ = ["ContainerBackend"]
@@ -145,6 +145,7 @@ class ContainerBackend(Backend):
         env = {"PATH": DEFAULT_PATH, "HOSTNAME": rec.id, "HOME": "/root", "TERM": "xterm"}
         env.update(image_cfg.env or {})
         env.update(rec.spec.env)
+        masked, hidden = mask_plan()
         return build_config(ContainerConfig(
             hostname=rec.id,
             rootfs=str(d / "rootfs"),
@@ -156,8 +157,9 @@ class ContainerBackend(Backend):
             pids=rec.spec.pids,
             binds=[(str(self.agent_binary), "/.dsec/agent")],
             shm_dir=str(d / "rw" / "shm"),
+            masked_dirs=masked,
+            hidden_dirs=hidden,
             empty_dir=str(self.empty_dir),
-            masked_dirs=host_masked_dirs(),
         ))
 
     @staticmethod

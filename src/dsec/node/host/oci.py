@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dsec.node.host import seccomp
 
-__all__ = ["ContainerConfig", "build_config", "host_masked_dirs", "CAPABILITIES"]
+__all__ = ["ContainerConfig", "build_config", "mask_plan", "CAPABILITIES"]
 
 # Docker's default set minus NET_RAW (no raw sockets for port scans) and MKNOD.
 CAPABILITIES = [
@@ -57,44 +57,50 @@ class ContainerConfig:
     # None: /dev/shm is a 64 MiB tmpfs of its own (Docker's default); else this host
     # directory (mode 1777, in the sandbox's rw tmpfs) is bound there.
     shm_dir: str | None = None
-    # None: runc masks every directory with a tmpfs; else this empty host directory is bound
-    # read-only over the /sys ones (runc refuses binds inside /proc).
-    empty_dir: str | None = None
+    # runc hides these under a read-only tmpfs each (absent ones it skips)
     masked_dirs: list[str] = field(default_factory=lambda: list(MASKED_DIRS))
+    # these are read-only binds of ``empty_dir``, an empty host directory, instead (they
+    # must exist in the sandbox's sysfs: runc cannot make a mountpoint in a read-only one)
+    hidden_dirs: list[str] = field(default_factory=list)
+    empty_dir: str | None = None
 
 
-def host_masked_dirs(root: Path = Path("/")) -> list[str]:
-    """The :data:`MASKED_DIRS` that need hiding on this host, for ``masked_dirs``.
+def mask_plan(root: Path = Path("/")) -> tuple[list[str], list[str]]:
+    """(masked_dirs, hidden_dirs) for this host: :data:`MASKED_DIRS` split into what runc
+    must mask with a tmpfs and what a bind of an empty directory hides at no superblock.
 
-    A /proc directory is kept only if it has entries here: procfs content is the kernel's,
-    the same in every pid namespace, so one that is empty (or absent) on the host is empty
-    in the sandbox too and its tmpfs would hide nothing. Checked at every create, as runc
-    checks existence, so a directory a module fills later is masked from then on. A /sys
-    directory is kept if it exists (a bind over it costs no superblock; one in a read-only
-    sysfs that does not exist cannot be a mountpoint): /sys/kernel/debug is empty in the
+    /proc: runc refuses binds inside /proc, so these stay runc's, except a directory that
+    is procfs's own here (no mask over it in the node's view) and empty: procfs content is
+    the kernel's, the same in every pid namespace, so the sandbox's fresh procfs shows it
+    empty too and a tmpfs over it hides nothing. An absent one stays runc's (the node's
+    /proc may be mounted with subset=pid; the sandbox's is not). Checked at every create,
+    so a directory a module fills later is masked from then on.
+    /sys: an existing directory is hidden by a bind. /sys/kernel/debug is empty in the
     sandbox's fresh sysfs and it has no CAP_SYS_ADMIN to mount debugfs there, but hiding it
-    is free, so it stays hidden.
+    is free, so it stays hidden. An absent one stays runc's.
     """
-    out = []
+    masked, hidden = [], []
+    proc = root / "proc"
     for d in MASKED_DIRS:
         p = root / d.lstrip("/")
-        try:
-            if d.startswith("/proc/"):
-                with os.scandir(p) as it:
-                    if next(it, None) is None:
-                        continue
-            elif not p.is_dir():
-                continue
-        except OSError:
-            continue
-        out.append(d)
-    return out
+        if d.startswith("/proc/"):
+            try:
+                if os.stat(p).st_dev == os.stat(proc).st_dev:
+                    with os.scandir(p) as it:
+                        if next(it, None) is None:
+                            continue
+            except OSError:
+                pass
+            masked.append(d)
+        elif p.is_dir():
+            hidden.append(d)
+        else:
+            masked.append(d)
+    return masked, hidden
 
 
-def _sys_binds(cfg: ContainerConfig) -> list[str]:
-    if cfg.empty_dir is None:
-        return []
-    return [d for d in cfg.masked_dirs if d.startswith("/sys/")]
+def _hidden(cfg: ContainerConfig) -> list[str]:
+    return cfg.hidden_dirs if cfg.empty_dir is not None else []
 
 
 def _mounts(cfg: ContainerConfig) -> list[dict]:
@@ -113,7 +119,7 @@ def _mounts(cfg: ContainerConfig) -> list[dict]:
     ]
     # Spec mounts come before runc's masks (it masks after pivot_root), so these binds land
     # on the fresh sysfs above and nothing is masked over them.
-    for d in _sys_binds(cfg):
+    for d in _hidden(cfg):
         base.append({"destination": d, "type": "bind", "source": cfg.empty_dir,
                      "options": ["bind", "ro", "nosuid", "nodev", "noexec"]})
     for src, dst in cfg.binds:
@@ -134,9 +140,10 @@ def _shm(cfg: ContainerConfig) -> dict:
 
 
 def masked_paths(cfg: ContainerConfig) -> list[str]:
-    """What runc masks itself: the files (/dev/null) and the directories not bound over."""
-    bound = set(_sys_binds(cfg))
-    return MASKED_FILES + [d for d in cfg.masked_dirs if d not in bound]
+    """What runc masks itself: the files (with /dev/null) and ``masked_dirs`` (a tmpfs each);
+    ``hidden_dirs`` too when there is no ``empty_dir`` to bind over them."""
+    return MASKED_FILES + cfg.masked_dirs + \
+        [d for d in cfg.hidden_dirs if cfg.empty_dir is None]
 
 
 def build_config(cfg: ContainerConfig,
