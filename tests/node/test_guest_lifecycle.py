@@ -5,6 +5,7 @@ request with its files, processes and egress; a SIGKILLed server finds its guest
 
 import asyncio
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -97,6 +98,22 @@ async def test_stop_and_pause_to_disk_return_once_qemu_is_reaped(guest_server):
             await sb.stop()
         # Before: a daemonized QEMU was init's child, a zombie for a second or two after.
         assert lingering(pid, srv.proc.pid) == []
+
+
+async def test_a_best_effort_guest_saved_to_disk_comes_back_best_effort(guest_server):
+    """Its QEMU is restored into the cgroup it left, already idle (v1 refused cpu.shares
+    on it: the restore failed with EINVAL), and every thread of the new QEMU is SCHED_IDLE."""
+    srv = guest_server
+    async with dsec.AsyncClient(srv.url, srv.token, timeout=300) as c:
+        sb = await c.create(backend="microvm", memory_mb=256, cpu_class="best_effort")
+        try:
+            await sb.pause()
+            assert (await sb.exec("echo back")).stdout == "back\n"
+            [pid] = qemu_of(srv.state_dir, sb.id)
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            assert len(tids) > 1 and {os.sched_getscheduler(t) for t in tids} == {os.SCHED_IDLE}
+        finally:
+            await sb.stop()
 
 
 async def test_clones_of_one_template_are_separate_guests(guest_server):

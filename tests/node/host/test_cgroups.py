@@ -1,9 +1,11 @@
 """The v1 and v2 cgroup drivers against fake hierarchies (plain files in a temp dir), so
 both are exercised whatever this host mounts. The kernel's side (a write that reclaims, a
-refusal) is not modelled here; tests/node/test_density.py runs the real thing."""
+refusal) is not modelled here; tests/node/test_density.py runs the real thing (and one test
+below the real v1 cpu hierarchy, where the host has it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,28 @@ def test_cpu_idle_v1_drops_shares_and_sets_idle(v1):
     assert v1.cpu_idle(REL)
     v1.set_cpu_idle(REL, False)
     assert (d / "cpu.shares").read_text() == "1024" and not v1.cpu_idle(REL)
+
+
+def test_cpu_idle_v1_again_and_back_on_the_real_hierarchy():
+    """The kernel refuses cpu.shares while cpu.idle is 1 (a fake file would take it): making
+    a best-effort cgroup best-effort again (a guest restored from disk into its cgroup) or
+    latency class again works. Before, both raised EINVAL."""
+    drv = detect()
+    if drv.version != 1 or os.geteuid() != 0 or not (drv.root / "cpu" / "cpu.idle").exists():
+        pytest.skip("needs root on a cgroup v1 cpu hierarchy with cpu.idle")
+    rel = f"/dsec/test-cpu-idle-{os.getpid()}"
+    d = drv.root / "cpu" / rel.lstrip("/")
+    d.mkdir(parents=True)
+    try:
+        drv.set_cpu_idle(rel, True)
+        drv.set_cpu_idle(rel, True)
+        assert drv.cpu_idle(rel)
+        drv.set_cpu_idle(rel, False)
+        assert not drv.cpu_idle(rel) and (d / "cpu.shares").read_text().strip() == "1024"
+        drv.set_cpu_idle(rel, True)
+        assert drv.cpu_idle(rel)
+    finally:
+        d.rmdir()
 
 
 def test_cpu_idle_v1_before_5_15_uses_shares_only(v1):

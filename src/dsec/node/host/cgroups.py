@@ -268,8 +268,16 @@ class CgroupV1(CgroupDriver):
 
     def set_cpu_idle(self, rel: str, idle: bool) -> None:
         d = self._dir("cpu", rel)
+        has_idle = (d / "cpu.idle").exists()  # v1 has it too since 5.15
+        if has_idle and _read_int(d / "cpu.idle") == 1:
+            # The kernel refuses cpu.shares (EINVAL) while the group is idle: a cgroup made
+            # best-effort before (a guest's QEMU restored from disk into it) is left as it
+            # is, or leaves idle first.
+            if idle:
+                return
+            (d / "cpu.idle").write_text("0")
         (d / "cpu.shares").write_text("2" if idle else "1024")  # 2: the kernel's minimum
-        if (d / "cpu.idle").exists():  # v1 has it too since 5.15
+        if has_idle:
             (d / "cpu.idle").write_text("1" if idle else "0")
 
     def cpu_idle(self, rel: str) -> bool:
