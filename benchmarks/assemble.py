@@ -1,7 +1,8 @@
 """Assemble benchmarks/RESULTS.md from the per-script tables in benchmarks/results/.
 
 Each table was written by its script, with the machine and load it ran on and its own
-baseline measured in the same run. Quick (--quick) runs are left out.
+baseline measured in the same run. Quick (--quick) runs are left out, and so are partial
+runs of a script whose full run has a section (``cluster-overhead-singles``: ``--only``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ORDER = ["exec", "hardening", "protected", "exec_load", "exec_memory", "create", "cluster",
+ORDER = ["exec", "hardening", "protected", "protected_grading", "exec_load", "exec_memory", "create", "cluster",
          "ray", "density", "density-10000", "density_kernel", "density_mounts", "density_count",
          "density_pause", "density_pause_microvm", "density_latency", "density_latency_microvm",
          "density_ksm", "density_pmem", "images_lazy",
@@ -17,8 +18,14 @@ ORDER = ["exec", "hardening", "protected", "exec_load", "exec_memory", "create",
          "microvm", "guest_network", "registry", "registry_build"]
 
 
+def _partial(stem: str) -> bool:
+    """A variant of a listed script's run (its name plus ``-parts``), not a section of its own."""
+    return stem not in ORDER and stem.split("-")[0] in ORDER
+
+
 def main() -> None:
-    files = {p.stem: p for p in (HERE / "results").glob("*.md") if not p.stem.endswith("-quick")}
+    files = {p.stem: p for p in (HERE / "results").glob("*.md")
+             if not p.stem.endswith("-quick") and not _partial(p.stem)}
     names = [n for n in ORDER if n in files] + sorted(set(files) - set(ORDER))
     parts = [
         "# Benchmark results\n",
