@@ -18,6 +18,7 @@ class Host:
 
     def __init__(self, root: Path, zram: bool = True) -> None:
         self.sys, self.dev, self.swaps = root / "sys", root / "dev", root / "swaps"
+        self.run_dir = root / "run"
         self.dev.mkdir(parents=True)
         self.swaps.write_text(HEADER)
         self.calls: list[tuple[str, ...]] = []
@@ -53,7 +54,7 @@ class Host:
 
     def manager(self, **cfg) -> SwapManager:
         return SwapManager(SwapConfig(**cfg), sys=self.sys, proc_swaps=self.swaps,
-                           run=self.run, dev=self.dev)
+                           run=self.run, dev=self.dev, run_dir=self.run_dir)
 
 
 def test_adds_a_labelled_zram_device_and_removes_it(tmp_path):
@@ -86,20 +87,46 @@ def test_swap_already_there_is_enough(tmp_path):
     assert not host.calls  # never removes what it did not set up
 
 
-def test_a_dsec_area_left_by_an_earlier_node_is_used_and_left(tmp_path):
+def test_a_dsec_area_left_by_an_earlier_node_is_used_then_removed_by_the_last_user(tmp_path):
     host = Host(tmp_path)
     first = host.manager(zram_mb=1024)
     first.ensure(8 << 30)
     first.release(keep=True)  # sandboxes remain: the swap stays
     assert ("swapoff", str(host.dev / "zram1")) not in host.calls
     import dsec.node.density.swap as swap_mod
-    swap_mod._SHARED.clear()  # as if a new process
+    swap_mod._SHARED.clear()  # as if a new process (a node started again on its state dir)
     host.calls.clear()
     second = host.manager(zram_mb=1024)
     st = second.ensure(8 << 30)
-    assert st.ours == (str(host.dev / "zram1"),) and not host.calls
+    assert st.ours == (str(host.dev / "zram1"),) and not host.calls  # used, none added
+    second.release(keep=False)  # its sandboxes are gone and nobody else uses it
+    assert ("swapoff", str(host.dev / "zram1")) in host.calls
+    assert (host.sys / "class" / "zram-control" / "hot_remove").read_text() == "1"
+    assert not list(host.run_dir.iterdir())  # its lock file went with it
+
+
+def test_an_area_another_live_node_uses_is_left_until_that_one_closes(tmp_path):
+    import fcntl
+    import os
+
+    host = Host(tmp_path)
+    first = host.manager(zram_mb=1024)
+    first.ensure(8 << 30)
+    first.release(keep=True)
+    import dsec.node.density.swap as swap_mod
+    swap_mod._SHARED.clear()
+    second = host.manager(zram_mb=1024)
+    second.ensure(8 << 30)
+    # a node of another process using it: its shared lock, which dies with that process
+    other = os.open(second._lock_file(str(host.dev / "zram1")), os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_SH)
     second.release(keep=False)
-    assert not host.calls
+    assert ("swapoff", str(host.dev / "zram1")) not in host.calls
+    os.close(other)  # that process ends (or is killed): its lock goes with it
+    third = host.manager(zram_mb=1024)
+    third.ensure(8 << 30)
+    third.release(keep=False)
+    assert ("swapoff", str(host.dev / "zram1")) in host.calls
 
 
 def test_nodes_of_one_process_share_it_and_the_last_removes_it(tmp_path):
@@ -153,4 +180,4 @@ def test_a_smaller_dsec_zram_found_gets_a_second_device_for_the_rest(tmp_path):
     assert set(st.ours) == {str(host.dev / "zram1"), str(host.dev / "zram2")}
     second.release(keep=False)
     assert ("swapoff", str(host.dev / "zram2")) in host.calls  # the one it made
-    assert ("swapoff", str(host.dev / "zram1")) not in host.calls  # not the one it found
+    assert ("swapoff", str(host.dev / "zram1")) in host.calls  # and the one it found, unused now

@@ -1,15 +1,20 @@
 """The swap a node reclaims into: a zram device by default, optionally a swap file.
 
-The node sets up only what is missing and removes only what it set up, once no sandbox of
-it is left (a sandbox outlives its node, and its pages may sit in that swap). A swap area
-it makes carries the label :data:`LABEL`, so a restarted node, or another node on the host,
-uses it instead of adding another (and leaves it in place). Several nodes in one process
-share what one of them made: it goes when the last of them closes. Swap there already (the
-host's own) counts towards the size wanted.
+The node sets up only what is missing. A swap area it makes carries the label
+:data:`LABEL`, so a restarted node, or another node on the host, uses it instead of adding
+another. Every node that uses a dsec area holds a shared lock on a file of its own for it
+(under ``run_dir``; the kernel drops a killed node's lock with it), and the node closing
+last, with no sandbox of its own left (a sandbox outlives its node, and its pages may sit in
+that swap), removes the area, whoever made it: so a node killed and started again on its
+state dir, or a node that found the area an earlier one left, does not leave it behind.
+``swapoff`` first brings back whatever is still in it (it fails, and the area stays, when
+RAM cannot take it). Swap there already that is not dsec's (the host's own) counts towards
+the size wanted and is never touched.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -90,9 +95,11 @@ class SwapManager:
     proc_swaps: Path = Path("/proc/swaps")
     run: object = _run
     dev: Path = Path("/dev")
+    run_dir: Path = Path("/run/dsec/swap")  # a lock file per dsec area its users hold
     made: list[str] = field(default_factory=list)   # areas this manager set up
     found: list[str] = field(default_factory=list)  # dsec areas it found and uses
     note: str = ""
+    holds: dict[str, int] = field(default_factory=dict)  # area -> fd of its shared lock
 
     def wanted(self, host_mem: int) -> int:
         zram = self.config.zram_mb
@@ -111,6 +118,7 @@ class SwapManager:
                     self.made.append(path)
                 else:
                     self.found.append(path)
+                self._hold(path)
             have, want = sum(a.size for a in areas), self.wanted(host_mem)
             if have >= want:
                 log.info("swap: %d MiB present (%s); nothing added", have >> 20,
@@ -153,6 +161,7 @@ class SwapManager:
             return
         self.made.append(path)
         _SHARED[path] = _SHARED.get(path, 0) + 1
+        self._hold(path)
         log.info("swap: added %s, %d MiB of compressed swap", path, size >> 20)
 
     def _add_file(self, path: Path, size: int) -> None:
@@ -172,29 +181,70 @@ class SwapManager:
             return
         self.made.append(str(path))
         _SHARED[str(path)] = _SHARED.get(str(path), 0) + 1
+        self._hold(str(path))
         log.info("swap: added swap file %s, %d MiB", path, size >> 20)
 
     def release(self, keep: bool) -> None:
-        """This node is done with swap. Areas it set up go once no node of this process
-        uses them, unless ``keep`` (sandboxes remain that may sit in them)."""
+        """This node is done with swap. A dsec area it used (made or found) goes when no
+        other node uses it, unless ``keep`` (sandboxes of this node remain that may sit in
+        it)."""
         with _LOCK:
-            for path in list(self.made):
-                _SHARED[path] = _SHARED.get(path, 1) - 1
-                if _SHARED[path] > 0 or keep:
+            for path in self.made + self.found:
+                if path in self.made:
+                    _SHARED[path] = _SHARED.get(path, 1) - 1
+                    if _SHARED[path] > 0:  # another node of this process still uses it
+                        self._unhold(path)
+                        continue
+                    del _SHARED[path]
+                if keep or not self._last_user(path):
+                    self._unhold(path)
                     continue
-                del _SHARED[path]
                 try:
                     self.run("swapoff", path)
                 except OSError as exc:  # e.g. no RAM to take its pages back: leave it
                     log.warning("swap: could not remove %s: %s", path, exc)
+                    self._unhold(path)
                     continue
                 if Path(path).name.startswith("zram") and path.startswith(str(self.dev)):
                     self._remove_zram(Path(path).name)
                 else:
                     Path(path).unlink(missing_ok=True)
+                self._lock_file(path).unlink(missing_ok=True)
+                self._unhold(path)
                 log.info("swap: removed %s", path)
             self.made.clear()
             self.found.clear()
+
+    def _lock_file(self, path: str) -> Path:
+        return self.run_dir / (path.strip("/").replace("/", "_") + ".lock")
+
+    def _hold(self, path: str) -> None:
+        """Say, for as long as this process lives or until release, that this node uses
+        ``path``."""
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self._lock_file(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            log.warning("swap: no lock for %s (%s): it will be left in place", path, exc)
+            return
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self.holds[path] = fd
+
+    def _last_user(self, path: str) -> bool:
+        """True when no other node holds ``path`` (this one's lock becomes exclusive)."""
+        fd = self.holds.get(path)
+        if fd is None:
+            return False  # cannot tell: leave it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _unhold(self, path: str) -> None:
+        fd = self.holds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
 
     def _remove_zram(self, name: str) -> None:
         try:
