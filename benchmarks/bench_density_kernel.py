@@ -27,6 +27,7 @@ from dsec.node.backends import container
 from dsec.node.config import NodeConfig
 from dsec.node.host import mounts, oci
 from dsec.node.service import NodeService
+from tests.support.density import sandbox_superblocks
 
 SPEC = SandboxSpec(memory_mb=32, cpu=0.1)
 BATCH = 50
@@ -52,14 +53,6 @@ def old_spec(cfg: oci.ContainerConfig, **kw) -> dict:
     return oci.build_config(old, **kw)
 
 
-def own_superblocks(node: NodeService, sb_id: str) -> int:
-    rec = node.record(sb_id)
-    host = mounts.superblocks(Path("/proc/self/mountinfo").read_text())
-    inside = mounts.superblocks(
-        Path(f"/proc/{rec.runtime['init_pid']}/mountinfo").read_text())
-    own = {d for d, m in host.items() if m[0].startswith(rec.runtime["dir"] + "/")}
-    return len(own | {d for d in inside if d not in host})
-
 
 async def fill(node: NodeService, made: list[str], n: int) -> None:
     while len(made) < n:
@@ -81,7 +74,7 @@ async def round_(tmp: Path, name: str, counts: tuple[int, int]) -> dict:
             await fill(node, made, n)
             out[n] = slab()
         out["fill_s"] = time.perf_counter() - t0
-        out["superblocks"] = own_superblocks(node, made[0])
+        out["superblocks"] = len(sandbox_superblocks(node, made[0]))
         print(f"{name}: {out}", flush=True)
     finally:
         await node.close(stop_sandboxes=True)

@@ -10,8 +10,8 @@ import pytest
 
 from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.node.config import NodeConfig
-from dsec.node.host import mounts
 from dsec.node.service import NodeService
+from tests.support.density import sandbox_superblocks
 
 # host: rw tmpfs + overlay root; sandbox: proc, /dev tmpfs, devpts, mqueue, sysfs
 MAX_SUPERBLOCKS = 7
@@ -30,11 +30,7 @@ async def run(node, sb_id: str, cmd: str):
 
 async def test_a_sandbox_adds_at_most_seven_superblocks(node):
     info = await node.create(SandboxSpec(memory_mb=32))
-    rec = node.record(info.id)
-    host = mounts.superblocks(Path("/proc/self/mountinfo").read_text())
-    inside = mounts.superblocks(Path(f"/proc/{rec.runtime['init_pid']}/mountinfo").read_text())
-    own = {dev: m for dev, m in host.items() if m[0].startswith(rec.runtime["dir"] + "/")}
-    own.update({dev: m for dev, m in inside.items() if dev not in host})
+    own = sandbox_superblocks(node, info.id)
     assert len(own) <= MAX_SUPERBLOCKS, own
 
 
