@@ -85,6 +85,26 @@ def _where(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def _clean(value: object) -> bool:
+    """True when no string in ``value`` (keys too) has a problem: the common case, checked
+    without building the field paths :func:`_walk` names a problem with (the walk was a
+    tenth of the SDK's CPU per exec)."""
+    if isinstance(value, str):
+        return "\0" not in value if value.isascii() else string_problem(value) is None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and not (k.isascii() and "\0" not in k
+                                           or string_problem(k) is None):
+                return False
+            if v is not None and not isinstance(v, (bool, int, float)) and not _clean(v):
+                return False
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if not _clean(v):
+                return False
+    return True
+
+
 def _walk(value: object, path: str) -> str | None:
     if isinstance(value, str):
         why = string_problem(value)
@@ -111,7 +131,7 @@ class RequestModel(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _strings(cls, data: object) -> object:
-        if isinstance(data, dict) and (found := _walk(data, "")):
+        if isinstance(data, dict) and not _clean(data) and (found := _walk(data, "")):
             raise ValueError(found)
         return data
 

@@ -110,10 +110,20 @@ def check_spawn(spawn: SpawnRequest) -> None:
         raise InvalidArgument(f"the command's environment has {len(spawn.env)} entries with "
                               f"the image's and the sandbox's; the agent takes at most "
                               f"{AGENT_MAX_ARGS}: pass fewer env entries")
-    if (size := len(spawn.encode())) > AGENT_MAX_FRAME:
+    if _frame_bound(spawn) > AGENT_MAX_FRAME and (size := len(spawn.encode())) > AGENT_MAX_FRAME:
         raise InvalidArgument(f"the command, its env and cwd encode to {size} bytes for the "
                               f"in-sandbox agent, which takes at most {AGENT_MAX_FRAME}: "
                               "shorten them, or pass data through stdin or a file")
+
+
+def _frame_bound(spawn: SpawnRequest) -> int:
+    """At least the size of ``spawn``'s frame, without encoding it (the frame is encoded
+    once, when it is sent): a character is at most 4 UTF-8 bytes, each sent as a latin-1
+    code point that JSON escapes to at most 6 bytes; quotes, commas, keys and numbers
+    take the rest."""
+    strings = [*spawn.argv, spawn.cwd, spawn.tag, *spawn.protect, *spawn.nolink]
+    chars = sum(map(len, strings)) + sum(len(k) + len(v) + 1 for k, v in spawn.env.items())
+    return 24 * chars + 3 * (len(strings) + len(spawn.env)) + 512
 
 
 async def exec_events(backend: Backend, rec: SandboxRecord, req: ExecRequest,
