@@ -48,3 +48,23 @@ def test_log_survives_reopen(tmp_path):
     assert again.keyed("sb-a-1") == [("t0", 0, "fp")]
     assert [r.kind for r in again.audit_records("sb-a-1")] == ["trajectory_diverged"]
     again.close()
+
+
+def test_two_writers_of_one_file_keep_one_order(tmp_path):
+    # each keeps its sandboxes' next seq; the other's appends make it look again
+    a, b = TrajectoryLog(tmp_path / "t.db"), TrajectoryLog(tmp_path / "t.db")
+    try:
+        for i in range(4):
+            (a if i % 2 else b).append("sb-a-1", None, "exec", f"fp{i}", {"i": i}, {})
+        assert [(e.seq, e.request["i"]) for e in a.entries("sb-a-1")] == [
+            (0, 0), (1, 1), (2, 2), (3, 3)]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_deleted_log_starts_again_at_seq_0(log):
+    log.append("sb-a-1", None, "exec", "fp", {}, {})
+    log.delete("sb-a-1")
+    log.append("sb-a-1", None, "exec", "fp", {}, {})
+    assert [e.seq for e in log.entries("sb-a-1")] == [0]

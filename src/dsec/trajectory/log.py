@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -91,6 +92,9 @@ class TrajectoryLog:
         self.path = path
         self._db = open_db(path, SCHEMA)
         self._lock = threading.Lock()
+        # each sandbox's next seq once known: a query fewer per append. Another writer of
+        # the file makes an insert collide on (sandbox, seq); its rollback forgets these.
+        self._next: dict[str, int] = {}
         if self._pragma("user_version") < 1:
             self._db.executescript(BACKFILL)
         if self._pragma("auto_vacuum") != 2 and self._pragma("page_count") <= 64:
@@ -111,22 +115,34 @@ class TrajectoryLog:
         at = time.time() if at is None else at
         rows = [(sb, step, kind, fp, json.dumps(req), json.dumps(res))
                 for sb, step, kind, fp, req, res in items]
+        try:
+            return self._insert(rows, at)
+        except sqlite3.IntegrityError:  # a known next seq taken by another writer, or a
+            return self._insert(rows, at)  # step key logged already: once more, from the file
+
+    def _insert(self, rows: list[tuple], at: float) -> list[int]:
         seqs = []
+        nxt = self._next
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for sandbox, step, kind, fp, req, res in rows:
-                    (seq,) = self._db.execute(
-                        "SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE sandbox=?",
-                        (sandbox,)).fetchone()
+                    if (seq := nxt.get(sandbox)) is None:
+                        (seq,) = self._db.execute(
+                            "SELECT COALESCE(MAX(seq) + 1, 0) FROM steps WHERE sandbox=?",
+                            (sandbox,)).fetchone()
                     self._db.execute("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?)",
                                      (sandbox, seq, step, kind, fp, req, res, at))
+                    nxt[sandbox] = seq + 1
                     self._db.execute(TOUCH, (sandbox, at, len(req) + len(res)))
                     seqs.append(seq)
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                for sandbox, *_ in rows:
+                    nxt.pop(sandbox, None)
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
         return seqs
 
     def entries(self, sandbox: str, offset: int = 0, limit: int = -1) -> list[TrajectoryEntry]:
@@ -187,6 +203,7 @@ class TrajectoryLog:
     def delete(self, sandbox: str) -> None:
         """Remove a sandbox's entries and audit records (retention only)."""
         with self._lock:
+            self._next.pop(sandbox, None)
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("UPDATE logs SET pruning=1 WHERE sandbox=?", (sandbox,))
