@@ -119,8 +119,8 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
     else:
         app.add_middleware(BearerAuth, projects=gateway.projects, delegated=e2b.OWN_AUTH)
     app.add_middleware(DocsPages)  # outside the bearer check: a browser sends no header
-    app.add_middleware(RequestIds)  # every request's log lines carry its id
-    app.add_middleware(metrics.RequestMetrics)
+    # every request's log lines carry its id; it is counted by route and status there too
+    app.add_middleware(RequestIds, metrics=metrics.RequestMetrics())
     sandboxfusion.install(app)  # outermost: its URL token becomes the header auth reads
     install_openapi(app)
     fastlane.install(app)  # after every router: the hot routes skip FastAPI's routing

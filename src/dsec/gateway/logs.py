@@ -5,8 +5,8 @@ about on every line logged while that request runs.
 JSON renderer. :class:`RequestIds` gives each HTTP request and WebSocket an id (the
 caller's ``X-Request-Id`` when it is a sane one, else ``req-<hex>``), binds it in a
 context variable for everything the request runs, tasks it starts included, answers it
-in ``X-Request-Id``, and logs one line per failed request (status 400 and up; every
-request with ``DSEC_LOG_REQUESTS=1``). Lines logged outside any request (the reaper, the
+in ``X-Request-Id``, counts it in the request metrics, and logs one line per failed
+request (status 400 and up; every request with ``DSEC_LOG_REQUESTS=1``). Lines logged outside any request (the reaper, the
 watcher, startup) carry ``"request_id": null``.
 """
 
@@ -62,9 +62,10 @@ def configure(level: int = logging.INFO) -> None:
 class RequestIds:
     """Plain ASGI middleware: the request id, its context, its header, its log line."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, metrics=None) -> None:
         self.app = app
         self.log_all = os.environ.get("DSEC_LOG_REQUESTS", "") not in ("", "0")
+        self.metrics = metrics  # a RequestMetrics: HTTP requests counted as they end
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -90,6 +91,8 @@ class RequestIds:
             await self.app(scope, receive, tagged)
         finally:
             REQUEST_ID.reset(token)
+            if self.metrics is not None and scope["type"] == "http":
+                self.metrics.count(scope, status)
             if self.log_all or status >= 400 or status == 0 and scope["type"] == "http":
                 request_logger.info("request", method=scope.get("method", "WS"),
                                     path=scope.get("path", ""), status=status or None,
