@@ -68,3 +68,11 @@ def test_a_deleted_log_starts_again_at_seq_0(log):
     log.delete("sb-a-1")
     log.append("sb-a-1", None, "exec", "fp", {}, {})
     assert [e.seq for e in log.entries("sb-a-1")] == [0]
+
+
+def test_the_next_seq_cache_is_bounded_and_a_forgotten_one_is_looked_up(log, monkeypatch):
+    monkeypatch.setattr("dsec.trajectory.log._NEXT_KEPT", 2)
+    for sb in ("sb-a-1", "sb-b-2", "sb-c-3", "sb-a-1", "sb-d-4", "sb-a-1"):
+        log.append(sb, f"t{log.count(sb)}", "exec", "fp", {}, {})
+    assert len(log._next) <= 2
+    assert [e.seq for e in log.entries("sb-a-1")] == [0, 1, 2]

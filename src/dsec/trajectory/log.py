@@ -85,6 +85,9 @@ class PruneReport:
     bytes_after: int = 0
 
 
+_NEXT_KEPT = 65536  # sandboxes whose next seq is kept (then forgotten, and looked up again)
+
+
 class TrajectoryLog:
     """Append and read trajectories; thread-safe."""
 
@@ -133,6 +136,8 @@ class TrajectoryLog:
                             (sandbox,)).fetchone()
                     self._db.execute("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?)",
                                      (sandbox, seq, step, kind, fp, req, res, at))
+                    if len(nxt) >= _NEXT_KEPT and sandbox not in nxt:
+                        nxt.clear()  # a node's sandboxes come and go; a miss only queries
                     nxt[sandbox] = seq + 1
                     self._db.execute(TOUCH, (sandbox, at, len(req) + len(res)))
                     seqs.append(seq)
