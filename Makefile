@@ -69,9 +69,9 @@ run: setup base-images
 	DSEC_STATE_DIR=$(STATE_DIR) $(DSEC) demo
 	@echo
 	@echo "The server keeps running. Try:"
-	@echo "  export DSEC_STATE_DIR=$(STATE_DIR)"
-	@echo "  $(DSEC) create && $(DSEC) ls && $(DSEC) exec <ID> -- uname -a && $(DSEC) shell <ID>"
-	@echo "Python: import dsec; dsec.Client().create().exec('echo hi')"
+	@$(if $(filter-out /var/lib/dsec,$(STATE_DIR)),echo "  export DSEC_STATE_DIR=$(STATE_DIR)",true)
+	@echo '  ID=$$($(DSEC) create); $(DSEC) ls; $(DSEC) exec $$ID -- uname -a; $(DSEC) shell $$ID'
+	@echo "  $(PY) -c \"import dsec; print(dsec.Client().create().exec('echo hi').stdout)\""
 	@echo "Stop it with: make stop"
 
 serve: setup
