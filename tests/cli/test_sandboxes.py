@@ -115,8 +115,11 @@ def test_exec_output_arrives_while_the_command_runs(env, sb):
 
 
 def test_ctrl_c_stops_the_remote_command(env, sb):
+    # Ctrl-C as a terminal sends it. A runner started in the background (`cmd &` in a
+    # script) hands its children SIGINT ignored, and a Python started so never hears it.
     proc = subprocess.Popen([*DSEC, "exec", sb.id, "--", "echo started; exec sleep 3600"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
     assert proc.stdout.readline() == "started\n"
     assert "sleep 3600" in sb.exec("ps -o args").stdout
     proc.send_signal(signal.SIGINT)
@@ -126,3 +129,7 @@ def test_ctrl_c_stops_the_remote_command(env, sb):
     while "sleep 3600" in sb.exec("ps -o args").stdout:
         assert time.monotonic() < deadline, "the command outlived its dsec exec"
         time.sleep(0.1)
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
