@@ -54,6 +54,15 @@ _DEFAULT = object()
 _URLS_KEPT = 4096  # request URLs (and timeouts) kept parsed per client; then started over
 
 
+def _kept(cache: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """``cache[key]``, made on first use; a full cache starts over (bounded, no LRU)."""
+    if (value := cache.get(key)) is None:
+        if len(cache) >= _URLS_KEPT:
+            cache.clear()
+        value = cache[key] = make()
+    return value
+
+
 @guarded
 class AsyncClient:
     """Talks to a dsec gateway. ``async with AsyncClient() as c: sb = await c.create()``."""
@@ -110,10 +119,7 @@ class AsyncClient:
         needs, were half of this process's CPU per exec with 64 in flight. The headers
         are the client's own, so the server sees the same request."""
         t = self._timeout if timeout is _DEFAULT else self._timeout_of(timeout)
-        if (url := self._urls.get(path)) is None:
-            if len(self._urls) >= _URLS_KEPT:
-                self._urls.clear()
-            url = self._urls[path] = httpx.URL(self.url + path)
+        url = _kept(self._urls, path, lambda: httpx.URL(self.url + path))
         req = httpx.Request(method, url, headers=self._http.headers, json=json,
                             extensions={"timeout": t})
         resp = await self._transport.handle_async_request(req)
@@ -128,11 +134,7 @@ class AsyncClient:
         """httpx's timeout dict for a per-request ``timeout`` (a number or None)."""
         if not isinstance(timeout, (int, float, type(None))):
             return httpx.Timeout(timeout).as_dict()
-        if (t := self._timeouts.get(timeout)) is None:
-            if len(self._timeouts) >= _URLS_KEPT:
-                self._timeouts.clear()
-            t = self._timeouts[timeout] = httpx.Timeout(timeout).as_dict()
-        return t
+        return _kept(self._timeouts, timeout, lambda: httpx.Timeout(timeout).as_dict())
 
     async def _stream_lines(self, path: str, body: dict | None, method: str = "POST",
                             params: dict | None = None) -> AsyncIterator[dict]:
