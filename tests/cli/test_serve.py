@@ -54,3 +54,13 @@ def test_serve_then_use_it_through_the_state_dir(tmp_path):
         log.close()
         ImageService(state).unmount_all()
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_node_takes_the_cluster_credential_not_the_users_token(tmp_path):
+    """`dsec node` must not pass a user's DSEC_TOKEN off as the cluster credential: the
+    node would refuse every gateway holding the real one."""
+    env = {k: v for k, v in os.environ.items() if k != "DSEC_CLUSTER_TOKEN"}
+    env.update(DSEC_TOKEN="dsec_a_users_token", RAY_ADDRESS="127.0.0.1:1")
+    r = run_cli(env, "node", "--state-dir", str(tmp_path), timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "DSEC_CLUSTER_TOKEN" in r.stderr and "cluster_token" in r.stderr

@@ -79,7 +79,9 @@ def node(
     ray: Annotated[str, typer.Option(metavar="ADDRESS",
                                      help="the Ray cluster to join ('auto' ok)")] = "auto",
     token: Annotated[str | None, typer.Option(
-        envvar="DSEC_TOKEN", help="the cluster's API token (the gateway's)")] = None,
+        "--cluster-token", "--token", envvar="DSEC_CLUSTER_TOKEN",
+        help="the cluster credential the gateways hold (their state dir's cluster_token); "
+             "not a user's token, which the node refuses")] = None,
     state_dir: Annotated[Path, typer.Option(help="this node's state directory")] = Path(
         "/var/lib/dsec"),
     backend: Annotated[list[str] | None, typer.Option(
@@ -89,8 +91,9 @@ def node(
     with server_needed("dsec node", extra="ray"):
         from dsec.cluster.ray import main as node_main
     if not token:
-        raise typer.BadParameter("the cluster token is required (or DSEC_TOKEN)",
-                                 param_hint="--token")
+        raise typer.BadParameter("the cluster credential is required (or "
+                                 "DSEC_CLUSTER_TOKEN): the gateway state dir's cluster_token",
+                                 param_hint="--cluster-token")
     args = ["--address", ray, "--state-dir", str(state_dir), "--token", token]
     for b in backend or []:
         args += ["--backend", b]
