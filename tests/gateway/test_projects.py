@@ -163,7 +163,7 @@ async def test_usage_rolls_up(client, name):
         try:
             up = await client.projects.usage(name)
             assert (up.sandboxes, up.cpu, up.memory_mb) == (1, 0.5, 64)
-            with pytest.raises(dsec.Conflict, match="holds 1 sandboxes"):
+            with pytest.raises(dsec.Conflict, match="holds 1 sandbox;"):
                 await client.projects.delete(f"{name}/a")
         finally:
             await c.stop_all()

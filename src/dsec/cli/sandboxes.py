@@ -178,7 +178,8 @@ def _stop_everything(yes: bool) -> int:
     if not infos:
         err.print("no sandboxes to stop")
         return 0
-    what = f"{_plural(len(infos))} ({', '.join(sorted({i.project or '(root)' for i in infos}))})"
+    projects = sorted({i.project or 'the root project' for i in infos})
+    what = f"{_plural(len(infos))} ({', '.join(projects)})"
     if not yes:
         if not sys.stdin.isatty():
             fail(f"--all would stop {what}; add --yes to confirm")

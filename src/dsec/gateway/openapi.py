@@ -162,7 +162,7 @@ def install_openapi(app: FastAPI) -> None:
             app.openapi_schema = _document(app)
         return app.openapi_schema
     app.openapi = openapi  # type: ignore[method-assign]
-    for route in app.routes:  # /healthz and /metrics answer without the token
+    for route in app.routes:  # /healthz (no token) and /metrics are not API operations
         if isinstance(route, APIRoute) and route.path in ("/healthz", "/metrics"):
             route.include_in_schema = False
 

@@ -179,7 +179,8 @@ class ProjectStore:
             held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
                                      (path,)).fetchone()[0]
             if held:
-                raise Conflict(f"project {path!r} holds {held} sandboxes; stop them first")
+                what = f"{held} sandbox{'es' if held != 1 else ''}"
+                raise Conflict(f"project {path!r} holds {what}; stop them first")
             self.conn.execute("DELETE FROM projects WHERE path = ?", (path,))
             self.conn.execute("DELETE FROM usage WHERE path = ?", (path,))
             self._bump()
