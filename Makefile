@@ -52,7 +52,8 @@ images: base-images
 run: setup base-images
 	@mkdir -p -m 0700 $(STATE_DIR) && chmod 0700 $(STATE_DIR)
 	@if curl -sf http://127.0.0.1:$(PORT)/healthz >/dev/null 2>&1; then \
-		echo "dsec server already running on 127.0.0.1:$(PORT)"; \
+		echo "dsec server already running on 127.0.0.1:$(PORT) (log: $(STATE_DIR)/server.log;" \
+			"API token in $(STATE_DIR)/token)"; \
 	else \
 		had_token=$$([ -f $(STATE_DIR)/token ] && echo yes); \
 		(umask 077 && touch $(STATE_DIR)/server.log) && chmod 0600 $(STATE_DIR)/server.log; \
