@@ -108,8 +108,8 @@ def leftovers(state_dir: Path) -> list[str]:
     """Mounts, runc containers and cgroups that a state dir's sandboxes left behind."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        target = line.split(" ")[4]
-        if target.startswith(str(state_dir / "sandboxes")):
+        target = line.split(" ")[4]  # the directory's own mount is the node's (runcns.py)
+        if target.startswith(str(state_dir / "sandboxes") + "/"):
             found.append(f"mount {target}")
     runc_root = state_dir / "runc"
     if runc_root.is_dir():

@@ -46,6 +46,10 @@
  *         dsec-agent --merge run ARGV...   exec ARGV with KSM merging on for it and all it
  *                                      starts (PR_SET_MEMORY_MERGE survives fork and exec;
  *                                      the node starts runc so, for a container's init)
+ *         dsec-agent [--merge] bundle SANDBOXES SANDBOX AT ARGV...   exec ARGV (runc) in a
+ *                                      mount namespace of its own where SANDBOX is bound at
+ *                                      AT and the SANDBOXES mount (every sandbox's mounts)
+ *                                      is detached: see enter_bundle below
  * "unconfined" is for the node's own housekeeping in a guest (hostname, clock, reading
  * overlay xattrs to pack a layer); only the node can send a spawn request at all.
  *
@@ -86,7 +90,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -1281,16 +1287,71 @@ static int load_confinement(const char *path) {
 #define PR_SET_MEMORY_MERGE 67
 #endif
 
+/* dsec-agent bundle: runc 1.1 reads /proc/self/mountinfo several times per create, and on
+ * a dense node the host's table holds two mounts per sandbox, all under SANDBOXES (a mount
+ * of its own: node/host/runcns.py). In a new mount namespace, private so nothing done here
+ * reaches the host's, SANDBOX (this sandbox's directory, with its rw tmpfs and overlay root)
+ * is bound at AT, the same empty directory for every sandbox (each launcher has its own
+ * namespace), then SANDBOXES is detached with everything under it: runc, and the
+ * container's namespace it clones from this one, see a table the size of an idle host's.
+ * Errors go to the caller's stderr; runc's stdio (and so a detached container's) then
+ * becomes /dev/null, so nothing started here writes into the file the caller gave. */
+static int enter_bundle(const char *sandboxes, const char *sandbox, const char *at) {
+    const char *step;
+    if (unshare(CLONE_NEWNS) < 0) {
+        step = "unshare(CLONE_NEWNS)";
+    } else if (mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+        step = "making / private in the new namespace";
+    } else if (mount(sandbox, at, NULL, MS_BIND | MS_REC, NULL) < 0) {
+        fprintf(stderr, "dsec-agent bundle: bind-mount %s on %s: %s\n", sandbox, at,
+                strerror(errno));
+        return -1;
+    } else if (umount2(sandboxes, MNT_DETACH) < 0) {
+        fprintf(stderr, "dsec-agent bundle: detaching %s: %s\n", sandboxes, strerror(errno));
+        return -1;
+    } else {
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null < 0 || dup2(null, 2) < 0) {
+            fprintf(stderr, "dsec-agent bundle: /dev/null: %s\n", strerror(errno));
+            return -1;
+        }
+        close(null);
+        return 0;
+    }
+    fprintf(stderr, "dsec-agent bundle: %s: %s\n", step, strerror(errno));
+    return -1;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "pause")) {
         for (;;) pause();
     }
-    if (argc >= 4 && !strcmp(argv[1], "--merge") && !strcmp(argv[2], "run")) {
+    if (argc >= 2 && !strcmp(argv[1], "--merge")) {
+        int run = argc >= 4 && !strcmp(argv[2], "run");
+        if (!run && !(argc >= 7 && !strcmp(argv[2], "bundle"))) {
+            fprintf(stderr, "usage: dsec-agent --merge run ARGV... | --merge bundle SANDBOXES "
+                            "SANDBOX AT ARGV...\n");
+            return 2;
+        }
+        argv += 1; /* now as without --merge: argv[1] is "run" or "bundle" */
+        argc -= 1;
         /* best effort: a kernel without it (< 6.4) runs the command unmerged */
         if (prctl(PR_SET_MEMORY_MERGE, 1, 0, 0, 0) < 0)
             fprintf(stderr, "dsec-agent: PR_SET_MEMORY_MERGE: %s\n", strerror(errno));
-        execvp(argv[3], argv + 3);
-        perror(argv[3]);
+        if (run) {
+            execvp(argv[2], argv + 2);
+            perror(argv[2]);
+            return 127;
+        }
+    }
+    if (argc >= 2 && !strcmp(argv[1], "bundle")) {
+        if (argc < 6) {
+            fprintf(stderr, "usage: dsec-agent [--merge] bundle SANDBOXES SANDBOX AT ARGV...\n");
+            return 2;
+        }
+        if (enter_bundle(argv[2], argv[3], argv[4]) < 0) return 125;
+        execvp(argv[5], argv + 5);
+        perror(argv[5]); /* stderr is /dev/null by now: the exit code says it */
         return 127;
     }
     if (argc >= 3 && !strcmp(argv[1], "--confine")) {

@@ -6,6 +6,10 @@ Per sandbox, under ``<state>/sandboxes/<id>/``:
             disk_mb too, and pack_diff of upper/ never sees it)
   rootfs/   the overlay: the image's layer mounts (shared, read-only) + rw/upper
   config.json, runc.log
+runc starts in a mount namespace of its own (``dsec-agent bundle``, see
+:mod:`dsec.node.host.runcns`) where this directory is bound at ``<state>/bundle`` and every
+other sandbox's mounts are detached, so a create does not slow down as the node fills; the
+config and runc's own paths name the directory by that bundle path, the node by its own.
 The sandbox's main process, its pid 1, is ``dsec-agent serve-fd 3``: being the namespace's
 init is what makes it immune to signals from the commands it starts (see agent.c). Its
 listening socket is created by the node, bound at ``agent.sock`` and handed over as fd 3, so
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,7 +35,7 @@ from dsec.node.backends.base import Backend, Reclaim, ReclaimPlan, SandboxRecord
 from dsec.node.density import cpuclass, prefetch
 from dsec.node.density.reclaim import reclaim_cgroup, reclaim_running, restore_cgroup
 from dsec.node.files import FileOps
-from dsec.node.host import cgroups, mounts, reaper
+from dsec.node.host import cgroups, mounts, reaper, runcns
 from dsec.node.host.charged import Charge
 from dsec.node.host.imagelinks import ImageLinks
 from dsec.node.host.oci import ContainerConfig, build_config, mask_plan
@@ -39,6 +44,10 @@ from dsec.node.host.rooted import RootedFiles
 __all__ = ["ContainerBackend"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCHER_EXITS = {125: "could not give runc a mount namespace of its own (see runc.log)",
+                  127: "could not execute runc"}
+
+log = logging.getLogger(__name__)
 
 
 class ContainerBackend(Backend):
@@ -50,7 +59,7 @@ class ContainerBackend(Backend):
     can_reclaim = True
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
-                 runc: str = "runc", merge: bool = False) -> None:
+                 runc: str = "runc", merge: bool = False, runc_sees_host: bool = False) -> None:
         self.state_dir = state_dir
         self.images = images
         self.agent_binary = agent_binary
@@ -65,6 +74,18 @@ class ContainerBackend(Backend):
         self.empty_dir = state_dir / "empty"
         self.empty_dir.mkdir(exist_ok=True)
         self.empty_dir.chmod(0o555)
+        # where runc finds the sandbox's directory in its own mount namespace; None: runc
+        # runs in the host's and finds it where the node does
+        self.bundle_at: Path | None = None
+        self.own_mount = runcns.OwnMount(state_dir / "sandboxes", state_dir / "sandboxes.bind")
+        if not runc_sees_host:
+            if self.own_mount.ensure():
+                self.bundle_at = state_dir / "bundle"
+                self.bundle_at.mkdir(mode=0o700, exist_ok=True)
+            else:
+                log.warning("%s holds mounts of sandboxes started before it was a mount of "
+                            "its own: runc sees every sandbox's mounts until none is left",
+                            state_dir / "sandboxes")
         reaper.hold_subreaper()  # so the inits runc leaves behind are ours to reap
         self._closed = False
         self.agent_pool = AgentPool()  # idle agent connections, reused by the next exec
@@ -73,10 +94,17 @@ class ContainerBackend(Backend):
         if not self._closed:
             self._closed = True
             reaper.release_subreaper()
+            if self.bundle_at is not None:  # kept while sandboxes' mounts are under it
+                await asyncio.to_thread(self.own_mount.release)
 
     # ---- paths ----
     def sandbox_dir(self, sb_id: str) -> Path:
         return self.state_dir / "sandboxes" / sb_id
+
+    def runc_dir(self, d: Path) -> Path:
+        """The sandbox directory ``d`` as runc and the config name it: in runc's own mount
+        namespace it is bound at the bundle path."""
+        return d if self.bundle_at is None else self.bundle_at
 
     @staticmethod
     def cgroup_path(sb_id: str) -> str:
@@ -146,9 +174,10 @@ class ContainerBackend(Backend):
         env.update(image_cfg.env or {})
         env.update(rec.spec.env)
         masked, hidden = mask_plan()
+        at = self.runc_dir(d)
         return build_config(ContainerConfig(
             hostname=rec.id,
-            rootfs=str(d / "rootfs"),
+            rootfs=str(at / "rootfs"),
             args=["/.dsec/agent", "serve-fd", "3"],
             env=[f"{k}={v}" for k, v in env.items()],
             cgroups_path=self.cgroup_path(rec.id),
@@ -156,7 +185,7 @@ class ContainerBackend(Backend):
             memory_mb=rec.spec.memory_mb,
             pids=rec.spec.pids,
             binds=[(str(self.agent_binary), "/.dsec/agent")],
-            shm_dir=str(d / "rw" / "shm"),
+            shm_dir=str(at / "rw" / "shm"),
             masked_dirs=masked,
             hidden_dirs=hidden,
             empty_dir=str(self.empty_dir),
@@ -191,23 +220,32 @@ class ContainerBackend(Backend):
         # posix_spawn with a dup2 action puts the listener at fd 3 for --preserve-fds
         # without a preexec_fn (unsafe in a threaded server). The container's stdio is
         # /dev/null so nothing inside can write into a host file; runc's errors go to --log.
-        log = d / "runc.log"
-        args = [self.runc, "--root", str(self.runc_root), "--log", str(log), "--log-format",
-                "json", "run", "-d", "--preserve-fds", "1", "--pid-file", str(d / "init.pid"),
-                "-b", str(d), sb_id]
+        # The bundle launcher's own errors go to runc.log too: it points its stderr at
+        # /dev/null before it execs runc.
+        log, at = d / "runc.log", self.runc_dir(d)
+        args = [self.runc, "--root", str(self.runc_root), "--log", str(at / "runc.log"),
+                "--log-format", "json", "run", "-d", "--preserve-fds", "1",
+                "--pid-file", str(at / "init.pid"), "-b", str(at), sb_id]
+        err = ("/dev/null", os.O_WRONLY) if self.bundle_at is None else \
+            (str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 2, *err, 0o600),
             (os.POSIX_SPAWN_DUP2, listener.fileno(), 3),
         ]
-        if self.merge:  # the agent sets PR_SET_MEMORY_MERGE and execs runc
-            args = [str(self.agent_binary), "--merge", "run", *args]
+        merge = ["--merge"] if self.merge else []  # the agent sets PR_SET_MEMORY_MERGE
+        if self.bundle_at is not None:
+            args = [str(self.agent_binary), *merge, "bundle", str(self.state_dir / "sandboxes"),
+                    str(d), str(at), *args]
+        elif merge:
+            args = [str(self.agent_binary), *merge, "run", *args]
         pid = os.posix_spawn(args[0], args, os.environ, file_actions=actions)
         _, status = await asyncio.to_thread(os.waitpid, pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            msg = _last_error(log)
+            msg = _last_error(log) or (LAUNCHER_EXITS.get(code, "") if args[0] != self.runc
+                                       else "")
             if "cannot allocate memory" in msg or "resource temporarily unavailable" in msg:
                 raise Capacity(f"node out of resources starting {sb_id}: {msg}")
             raise Internal(f"runc could not start {sb_id}: {msg or f'exit {code}'}")

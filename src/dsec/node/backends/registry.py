@@ -23,6 +23,7 @@ def make_backends(config: NodeConfig) -> dict[str, Backend]:
             from dsec.node.backends.container import ContainerBackend
             out[name] = ContainerBackend(config.state_dir, images, agent,
                                          runc=config.container.runc,
+                                         runc_sees_host=config.container.runc_sees_host,
                                          merge=config.density.ksm and merge_supported())
         elif name == "fncall":  # pools start lazily, on the first call
             from dsec.node.backends.fncall import FncallBackend
