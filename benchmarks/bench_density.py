@@ -75,18 +75,30 @@ def host_counts(server_pid: int) -> dict[str, int]:
             "pid_max": int(Path("/proc/sys/kernel/pid_max").read_text())}
 
 
+MIN_AVAILABLE_MIB = 3072  # the guard: no more creates once the host has less left
+
+
 async def create_all(client: dsec.AsyncClient, n: int, batch: int,
-                     budget_s: float) -> tuple[list, str]:
+                     budget_s: float) -> tuple[list, str, list[float]]:
+    """The sandboxes made, why creating stopped early ("" if it did not), and the seconds
+    since the start at each 1,000 made."""
     made: list = []
     error = ""
+    marks: list[float] = []
     t0 = time.perf_counter()
     while len(made) < n:
         if time.perf_counter() - t0 > budget_s:
             error = f"the run's time budget for creates ({budget_s:g} s) ran out"
             break
+        avail = common.mem_available() >> 20
+        if avail < MIN_AVAILABLE_MIB:
+            error = (f"the run's guard: MemAvailable {avail} MiB, under "
+                     f"{MIN_AVAILABLE_MIB} MiB")
+            break
         if len(made) and len(made) % 1000 < batch:
-            print(f"{len(made)} sandboxes, {time.perf_counter() - t0:.0f} s, load "
-                  f"{common.load()}", flush=True)
+            marks.append(time.perf_counter() - t0)
+            print(f"{len(made)} sandboxes, {marks[-1]:.0f} s, load "
+                  f"{common.load()}, MemAvailable {avail} MiB", flush=True)
         want = min(batch, n - len(made))
         try:
             got = await client.create_many(want, **SPEC)
@@ -97,7 +109,7 @@ async def create_all(client: dsec.AsyncClient, n: int, batch: int,
         if len(got) < want:
             error = f"create_many({want}) made {len(got)} at {len(made)} total"
             break
-    return made, error
+    return made, error, marks
 
 
 STOP_IN_FLIGHT = 64  # 1,000 DELETEs at once starved the server's accept: ConnectTimeout
@@ -131,7 +143,7 @@ async def main(quick: bool, count_arg: int | None, budget_s: float) -> None:
             await (await client.create(**SPEC)).stop()  # warm-up: layer mounts, page cache
             before = settle()
             t0 = time.perf_counter()
-            made, error = await create_all(client, n, batch, budget_s)
+            made, error, marks = await create_all(client, n, batch, budget_s)
             t_create = time.perf_counter() - t0
             ids = [sb.id for sb in made]
             alive = 0
@@ -177,6 +189,8 @@ async def main(quick: bool, count_arg: int | None, budget_s: float) -> None:
          f"{mib(pss_total / count)} MiB ({len(procs)} processes)" if count else "—"],
         ["kernel slab growth per sandbox", f"{mib((after['slab'] - before['slab']) / count)} MiB"
          if count else "—"],
+        ["seconds per 1,000 creates, in turn",
+         ", ".join(f"{b - a:.0f}" for a, b in zip([0.0, *marks], marks)) or "—"],
         ["MemAvailable before / with all / after stop",
          f"{before['avail'] >> 20} / {after['avail'] >> 20} / {end['avail'] >> 20} MiB"],
         ["sampled sandboxes answering exec", f"{alive} of {min(10, count)}"],
@@ -221,6 +235,9 @@ if __name__ == "__main__":
         p.add_argument("--cpu", type=float, default=SPEC["cpu"])
         p.add_argument("--budget-s", type=float, default=900,
                        help="stop creating after this long (the stop and checks still run)")
+        p.add_argument("--min-available-mib", type=int, default=MIN_AVAILABLE_MIB,
+                       help="stop creating once the host's MemAvailable is under this")
     args = common.parse_args(__doc__, extra)
+    MIN_AVAILABLE_MIB = args.min_available_mib
     SPEC.update(memory_mb=args.memory_mb, cpu=args.cpu)
     asyncio.run(main(args.quick, args.count, args.budget_s))
