@@ -5,9 +5,9 @@ limit, and its ``rootfs/`` overlay), all under ``<state>/sandboxes``, and runc 1
 ``/proc/self/mountinfo`` several times per create: started in the host's namespace, each
 create costs O(sandboxes) and a fill O(n²). dsec now starts runc in a mount namespace of
 its own with that subtree detached (``dsec-agent bundle``, node/host/runcns.py). This times
-the same busybox create + stop with 0, 2,000 and 4,000 extra mounts (empty 1 MiB tmpfs
-mounts under the new node's ``<state>/sandboxes``, where real sandboxes' mounts sit,
-standing in for 1,000 and 2,000 sandboxes), on two nodes side by side: one with
+the same busybox create + stop with 0, 2,000 and 4,000 extra mounts (a tmpfs and an overlay
+over it for each of 1,000 and 2,000 stand-in sandboxes, under the new node's
+``<state>/sandboxes``, where real sandboxes' mounts sit), on two nodes side by side: one with
 ``runc_sees_host=True`` (the old way, the baseline) and one with runc apart; their creates
 alternate, so both see the same host table and the same machine load.
 """
@@ -15,6 +15,7 @@ alternate, so both see the same host table and the same machine load.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -40,11 +41,19 @@ async def create_stop(node) -> float:
     return took
 
 
-def fill(root: Path, n: int, have: int) -> None:
-    for i in range(have, n):
-        d = root / str(i)
-        d.mkdir()
-        mounts.mount("tmpfs", d, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=1m")
+def fill(root: Path, lower: Path, n: int, have: int) -> None:
+    """Extra mounts up to ``n``, two per stand-in sandbox as a real one has: a 1 MiB tmpfs
+    ``rw/`` and an overlay ``rootfs/`` over it (its options, which mountinfo prints, as long
+    as a one-layer image's)."""
+    for i in range(have // 2, n // 2):
+        rw, rootfs = root / str(i) / "rw", root / str(i) / "rootfs"
+        rw.mkdir(parents=True)
+        rootfs.mkdir()
+        mounts.mount("tmpfs", rw, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=1m")
+        (rw / "upper").mkdir()
+        (rw / "work").mkdir()
+        mounts.mount("overlay", rootfs, "overlay", 0,
+                     f"lowerdir={lower},upperdir={rw / 'upper'},workdir={rw / 'work'}")
 
 
 async def run(n: int) -> dict[tuple[str, int], list[float]]:
@@ -57,13 +66,15 @@ async def run(n: int) -> dict[tuple[str, int], list[float]]:
             for mode in MODES}
         filler = tmp / "apart" / "sandboxes" / "extra"  # after open: no orphan sweep
         filler.mkdir()
+        lower = tmp / "images" / "mnt" / ("0" * 64)  # a layer mount's path, in length
+        lower.mkdir(parents=True)
         try:
             for node in nodes.values():
                 for _ in range(3):  # warm: image mounted, caches hot
                     await create_stop(node)
             have = 0
             for extra in EXTRA:
-                await asyncio.to_thread(fill, filler, extra, have)
+                await asyncio.to_thread(fill, filler, lower, extra, have)
                 have = extra
                 for i in range(n):
                     order = MODES if i % 2 == 0 else MODES[::-1]
@@ -72,7 +83,7 @@ async def run(n: int) -> dict[tuple[str, int], list[float]]:
         finally:
             for target in mounts.mounts_under(filler):
                 mounts.umount(target)
-            filler.rmdir()
+            shutil.rmtree(filler, ignore_errors=True)
             for node in nodes.values():
                 await node.close(stop_sandboxes=True)
     return got
@@ -103,8 +114,9 @@ def main() -> None:
              f"Each extra mount adds {per['host']:.1f} µs to a create when runc sees the host's "
              f"table and {per['apart']:.1f} µs when it runs apart (p50, {EXTRA[-1]:,} vs none).",
              "Create: in-process nodes, busybox, memory_mb=32, cpu=0.1, stopped before the "
-             "next; extra mounts: empty 1 MiB tmpfs mounts under the runc-apart node's "
-             "<state>/sandboxes/extra/ (inside its own self-bind, as real sandboxes' are); the "
+             "next; extra mounts: per stand-in sandbox a 1 MiB tmpfs and an overlay over it "
+             "(one lower dir), under the runc-apart node's <state>/sandboxes/extra/ (inside "
+             "its self-bind, as real sandboxes' are); the "
              "baseline's runc reads the whole host table, so for it where they sit does not "
              "matter.",
              f"Load average before the run: {load_before}."]
