@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from dsec.api.errors import QuotaExceeded
 from dsec.api.projects import Quota, Usage, ancestors, check_project_path, within
 from dsec.gateway.projects import Projects
+from dsec.gateway.projects.ledger import CHUNK
 from dsec.gateway.projects.quota import Ask, admit_problem, grant_problem, refill
 
 
@@ -180,3 +182,73 @@ async def test_a_held_create_says_the_wait_it_asked_for(tmp_path):
         raise AssertionError("never admitted")
     with pytest.raises(QuotaExceeded, match=r"after waiting 0\.5s;"):
         await p.admission.hold("h", Ask(1, 1.0, 64), 0.5, attempt, RuntimeError)
+
+
+def _held(p: Projects, node: str, n: int) -> list[str]:
+    """``n`` sandboxes confirmed on ``node`` (ids sb-0...), project x; their keys."""
+    keys: list[str] = []
+    while len(keys) < n:
+        keys += p.ledger.reserve("x", {}, Ask(min(500, n - len(keys)), 0.5, 32),
+                                 partial=True).keys
+    p.ledger.confirm([(k, f"sb-{i}", node) for i, k in enumerate(keys)])
+    return keys
+
+
+class _OneNode:
+    """The little of a gateway that Projects.reconcile reads: one healthy node whose load
+    says it has ``listed`` sandboxes, and which lists them."""
+
+    def __init__(self, listed: list[str]) -> None:
+        info = lambda sb: SimpleNamespace(id=sb, project="x", cpu=0.5, memory_mb=32,  # noqa: E731
+                                          created_at=time.time())
+        client = SimpleNamespace(node_id="node-a")
+
+        async def list_():
+            return [info(sb) for sb in listed]
+
+        client.list = list_
+        view = SimpleNamespace(load=SimpleNamespace(sandboxes=len(listed)),
+                               load_at=time.time() + 1)
+        self.cluster = SimpleNamespace(clients=lambda: [client])
+        self.watcher = SimpleNamespace(view=lambda node: view, healthy=lambda node: True)
+
+
+async def test_reconcile_of_thousands_gone_lets_the_loop_serve_between_chunks(tmp_path):
+    """A node whose thousands of sandboxes ended (a 32,000 job stopped) is reconciled a
+    chunk per transaction, with the loop free in between (all in one go held every
+    request of the gateway for half a second); the sums come out right."""
+    p = _projects(tmp_path)
+    _held(p, "node-a", 3 * CHUNK + 7)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    await p.reconcile(_OneNode(listed=["sb-1", "sb-2"]))
+    during = ticks - before
+    task.cancel()
+    assert during >= 3  # one turn of the loop per chunk at least
+    assert p.store.usage("x").sandboxes == 2 and p.store.usage("").sandboxes == 2
+    assert p.store.usage("x").memory_mb == 64
+
+
+def test_a_row_stopped_between_the_listing_and_its_drop_is_given_back_once(tmp_path):
+    p = _projects(tmp_path)
+    _held(p, "node-a", 3)
+    gone = p.ledger.gone("node-a", {}, time.time() + 1)
+    p.ledger.stopped("sb-0")  # stopped through the gateway meanwhile
+    assert p.ledger.drop_gone(gone) == 2
+    assert p.store.usage("x") == Usage(sandboxes=0, cpu=0.0, memory_mb=0)
+
+
+def test_a_release_of_more_keys_than_one_statement_takes(tmp_path):
+    p = _projects(tmp_path)
+    keys = p.ledger.reserve("x", {}, Ask(40_000, 0.001, 1)).keys
+    p.ledger.release(keys)
+    assert p.store.usage("").sandboxes == 0
