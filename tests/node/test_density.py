@@ -213,23 +213,6 @@ async def test_best_effort_runs_sched_idle_and_latency_does_not(node):
     assert _policy(node.record(be.id).runtime["init_pid"]) == os.SCHED_IDLE
 
 
-def _thread_policies(pid: int) -> set[int]:
-    return {_policy(int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir()}
-
-
-async def test_the_agent_runs_batch_and_the_commands_it_starts_do_not(node):
-    """The in-sandbox agent's threads are SCHED_BATCH (a woken agent does not preempt the
-    node's server); every command it starts runs SCHED_OTHER again, on a fresh connection
-    and on a kept one alike; a best-effort sandbox's agent stays SCHED_IDLE."""
-    lat = await node.create(SandboxSpec(memory_mb=64))
-    be = await node.create(SandboxSpec(memory_mb=64, cpu_class="best_effort"))
-    for _ in range(3):  # the node keeps the connection of a plain command and reuses it
-        assert await sh(node, lat.id, "cut -d' ' -f41 /proc/self/stat") == str(os.SCHED_OTHER)
-    assert _thread_policies(node.record(lat.id).runtime["init_pid"]) == {os.SCHED_BATCH}
-    assert await sh(node, be.id, "cut -d' ' -f41 /proc/self/stat") == str(os.SCHED_IDLE)
-    assert _thread_policies(node.record(be.id).runtime["init_pid"]) == {os.SCHED_IDLE}
-
-
 async def test_node_info_shows_classes_swap_and_pressure(node):
     info = await node.node_info()
     assert info.core_scheduling and "core scheduling" in info.core_scheduling

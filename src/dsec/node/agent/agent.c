@@ -85,7 +85,6 @@
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -355,23 +354,6 @@ static int confine(void) {
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &confine_prog);
 }
 
-/* The agent's own threads run SCHED_BATCH. A woken batch thread does not preempt the task
- * on its CPU: when the node writes a spawn frame, its event loop goes on with the requests
- * it has in hand instead of being switched out for this thread at once (with 64 execs in
- * flight on 2 cores that switch was most of the node's exec tail). The commands started
- * get SCHED_OTHER back (batch_off in child_exec), so they run as the sandbox's class says;
- * a thread the node made SCHED_IDLE (a best-effort sandbox) is left so, and so are its
- * commands. Neither call needs a privilege: both are normal-priority policies. */
-static void batch_on(void) {
-    struct sched_param none = {0};
-    if (sched_getscheduler(0) == SCHED_OTHER) sched_setscheduler(0, SCHED_BATCH, &none);
-}
-
-static void batch_off(void) {
-    struct sched_param none = {0};
-    if (sched_getscheduler(0) == SCHED_BATCH) sched_setscheduler(0, SCHED_OTHER, &none);
-}
-
 /* Runs in a vfork child: commands are started with vfork, not fork, so the child borrows
  * the agent's memory until it execs: no page table is copied and neither side takes
  * copy-on-write faults after (a fork and its faults were most of the agent's CPU per
@@ -382,7 +364,6 @@ static void batch_off(void) {
 static __attribute__((noreturn)) void child_exec(struct spawn *sp, int errfd) {
     char msg[512];
     int code;
-    batch_off(); /* this task only: the vfork child has a thread id of its own */
     setsid();
     if (sp->pty) ioctl(0, TIOCSCTTY, 0);
     sigset_t none;
@@ -968,7 +949,6 @@ static int handle(int conn) {
 }
 
 static void *conn_thread(void *arg) {
-    batch_on(); /* it inherited the main thread's policy, which the node may have reset */
     int conn = handle((int)(intptr_t)arg);
     if (conn >= 0) close(conn);
     return NULL;
@@ -1013,7 +993,6 @@ static int harden(void) {
 }
 
 static int serve(int lfd) {
-    batch_on();
     int sfd = harden();
     fcntl(lfd, F_SETFD, FD_CLOEXEC);
     for (;;) {
@@ -1196,7 +1175,6 @@ static int serve_serial(const char *dev) {
     static char hello[17];
     size_t have = 0;
     int hunting = 1; /* until a hello: skip bytes that are not one */
-    batch_on();
     int sfd = harden();
     for (int i = 0; i < MUX_MAX; i++) chans[i].fd = -1;
     hello[0] = 'H';

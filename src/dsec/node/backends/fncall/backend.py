@@ -133,6 +133,7 @@ class FncallBackend(Backend):
         # a pool the janitor was closing when cancelled is finished here (close is idempotent)
         pools, self.pools = [*self.pools.values(), *self._closing], {}
         await asyncio.gather(*(p.close() for p in pools), return_exceptions=True)
+        await self.containers.close()  # its sandboxes dir's own mount, its subreaper hold
 
     # ---- the Backend contract, for stateless sandboxes ----
     async def start(self, rec: SandboxRecord) -> dict:
