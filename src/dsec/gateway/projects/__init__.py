@@ -18,7 +18,7 @@ from dsec.api.errors import DSecError, Unauthorized
 from dsec.gateway.projects.admission import Admission
 from dsec.gateway.projects.audit import AuditLog
 from dsec.gateway.projects.db import CHECKPOINT_S, Checkpointer, open_control_db
-from dsec.gateway.projects.ledger import FLUSH_S, Ledger, chunks
+from dsec.gateway.projects.ledger import FLUSH_S, Ledger
 from dsec.gateway.projects.store import Principal, ProjectStore, token_hash
 
 __all__ = ["Projects", "Principal", "ROOT"]
@@ -135,12 +135,9 @@ class Projects:
             present = {i.id: (i.project, i.cpu, i.memory_mb, i.created_at) for i in infos}
             # a chunk per transaction, the loop serving requests between them: a node's
             # 32,000 ended sandboxes were 0.5 s of this loop in one go
-            for part in chunks(self.ledger.gone(client.node_id, present, listed_at)):
-                freed = self.ledger.drop_gone(part) > 0 or freed
+            totals = [0, 0]
+            for _ in self.ledger.reconcile_steps(client.node_id, present, listed_at, totals):
                 await asyncio.sleep(0)
-            for part in chunks(list(present.items())):
-                self.ledger.adopt(client.node_id, dict(part), listed_at)
-                await asyncio.sleep(0)
-            freed = self.ledger.drop_stale(listed_at) > 0 or freed
+            freed = freed or totals[0] > 0
         if freed:
             self.admission.freed()

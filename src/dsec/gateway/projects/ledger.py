@@ -226,13 +226,23 @@ class Ledger:
         """Make ``node``'s rows what it lists (``present``: sb_id -> project, cpu,
         memory_mb, created_at): rows of sandboxes gone are dropped, sandboxes no row
         knows are taken in once they are older than a create can be in flight. Returns
-        (dropped, adopted). The gateway takes the same steps a chunk at a time
-        (:meth:`Projects.reconcile`), so its loop serves requests in between."""
-        dropped = sum(self.drop_gone(part) for part in chunks(self.gone(node, present,
-                                                                         listed_at)))
-        adopted = sum(self.adopt(node, dict(part), listed_at)
-                      for part in chunks(list(present.items())))
-        return dropped + self.drop_stale(listed_at), adopted
+        (dropped, adopted)."""
+        totals = [0, 0]
+        for _ in self.reconcile_steps(node, present, listed_at, totals):
+            pass
+        return totals[0], totals[1]
+
+    def reconcile_steps(self, node: str, present: dict[str, tuple[str, float, int, float]],
+                        listed_at: float, totals: list[int]) -> Iterator[None]:
+        """:meth:`reconcile` a chunk per transaction, yielding between them (the gateway's
+        loop serves requests there); ``totals`` becomes [dropped, adopted]."""
+        for part in chunks(self.gone(node, present, listed_at)):
+            totals[0] += self.drop_gone(part)
+            yield
+        for part in chunks(list(present.items())):
+            totals[1] += self.adopt(node, dict(part), listed_at)
+            yield
+        totals[0] += self.drop_stale(listed_at)
 
     def gone(self, node: str, present: dict, listed_at: float) -> list[str]:
         """Keys of ``node``'s rows, confirmed before ``listed_at``, whose sandbox is not in
