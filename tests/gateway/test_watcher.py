@@ -137,11 +137,9 @@ async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_
     clock = Clock()
     w = Watcher(FakeCluster([a, b]), timeout_s=0.05, stale_after_s=4.0, clock=clock)
     await w.refresh()
-    for node in (a, b):
-        node.answers = 0
 
     async def busy() -> NodeLoad:
-        a.answers += 1  # another request to it came back while this probe waited
+        a.answered_at = clock.t  # another request to it came back while this probe waited
         await asyncio.sleep(1)
 
     async def hung() -> NodeLoad:
@@ -154,6 +152,49 @@ async def test_a_probe_that_times_out_while_the_node_answers_others_is_busy_not_
         await w.refresh()
     assert w.healthy("node-a") and w.view("node-a").error.startswith("busy")
     assert not w.healthy("node-b") and w.view("node-b").error.startswith("slow")
+
+
+async def test_a_hung_node_ages_from_its_last_answer_not_from_the_probe_that_saw_it():
+    """Requests answered just before the node hung: it is marked stale_after_s after that
+    last answer. (The old rule took a probe that found answers since the previous probe
+    as hearing the node at the probe's end: marked seconds late, 6.8 s in bench_cluster.)"""
+    a = FakeNode("node-a")
+    a.answered_at = None
+    clock = Clock()
+    w = Watcher(FakeCluster([a]), timeout_s=0.05, stale_after_s=4.0, clock=clock)
+    await w.refresh()  # a good probe at t0
+    clock.t += 0.9
+    a.answered_at = clock.t  # an exec answered at t0 + 0.9, then the node hangs
+
+    async def hung() -> NodeLoad:
+        await asyncio.sleep(1)
+    a.load = hung
+    clock.t += 1.0
+    await w.refresh()  # times out: heard at t0 + 0.9, not now
+    assert w.view("node-a").seen_at == 1000.9 and w.healthy("node-a")
+    clock.t = 1000.9 + 4.0 + 0.01
+    await w.refresh()
+    assert not w.healthy("node-a")
+
+
+async def test_one_hung_node_does_not_hold_up_the_probes_of_the_others():
+    """The loop starts each node's probe on its own: while every probe of a hung node
+    waits its timeout, the others are probed every period."""
+    a, b = FakeNode("node-a"), FakeNode("node-b")
+    w = Watcher(FakeCluster([a, b]), period_s=0.02, timeout_s=5.0)
+    await w.refresh()
+
+    async def hung() -> NodeLoad:
+        await asyncio.sleep(60)
+    b.load = hung
+    await w.start()
+    try:
+        first = a.calls
+        await asyncio.sleep(0.5)
+        assert a.calls - first >= 5  # every ~period_s, not once per 5 s timeout of b
+    finally:
+        await w.stop()
+    assert not w._probing  # stop ends the probes in flight
 
 
 async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():

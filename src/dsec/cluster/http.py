@@ -14,6 +14,7 @@ written onto a connection the node is closing; a request that may be repeated sa
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from urllib.parse import quote
@@ -103,7 +104,9 @@ class HttpNodeClient:
     def __init__(self, node_id: str, url: str, token: str, max_connections: int = 256) -> None:
         self.node_id, self.url, self.token = node_id, url.rstrip("/"), token
         self.short = node_id.removeprefix("node-")
-        self.answers = 0  # responses of any kind so far: the watcher tells busy from gone
+        # when the node last answered anything (time.monotonic, the watcher's clock): the
+        # watcher tells a busy node (slow probes, other answers) from a hung one by it
+        self.answered_at: float | None = None
         self.lost = False  # the watcher gave up on the node: no retries, no waiting on it
         # the SDK's transport: httpcore's pool costs ~0.5 ms of CPU per request (more with
         # many in flight), which was most of what the gateway added to a request
@@ -164,7 +167,7 @@ class HttpNodeClient:
                 metrics.RETRIES.labels("stale_connection").inc()
             except httpx.TransportError as exc:
                 raise self._lost(exc) from exc
-        self.answers += 1
+        self.answered_at = time.monotonic()
         if resp.status_code >= 400:
             if stream:
                 await resp.aread()
@@ -190,6 +193,7 @@ class HttpNodeClient:
         """The NDJSON events of a streamed answer; an error line raises its error."""
         try:
             async for line in resp.aiter_lines():
+                self.answered_at = time.monotonic()  # a node streaming output is alive
                 if line:
                     body = json.loads(line)
                     if "error" in body and "type" not in body:

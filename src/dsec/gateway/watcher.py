@@ -11,9 +11,15 @@ Only the probes decide: a request that failed (one slow connect to a node busy w
 burst) has the node probed now, and a failed probe is repeated after ``retry_s``, but
 the request itself counts for nothing. A probe that fails (refused, garbage, a wrong
 token, another node's load) counts; one that is merely slow (no answer within its
-``timeout_s``) does not: the node ages instead, unless it answered other requests since
-the last probe. An overloaded node is so not a lost one; a dead one refuses two probes
-within a fraction of a second, and a hung one is silent past ``stale_after_s``.
+``timeout_s``) does not: the node ages instead from the last time it answered anything
+(a probe, or any request: the client's ``answered_at``). An overloaded node is so not a
+lost one; a dead one refuses two probes within a fraction of a second, and a hung one is
+silent past ``stale_after_s``, counted from its last answer, not from a probe that found
+answers since the one before (that had a hung node marked seconds late).
+
+Each node is probed on its own: a full refresh starts a probe of every node that has
+none in flight and does not wait for them, so one hung node (each probe of it waits
+``timeout_s``) does not slow the refresh of the others into looking stale.
 
 The rules are the pure :func:`health` and :class:`Pending`; the loop is the only I/O.
 """
@@ -90,6 +96,14 @@ class Pending:
         return self.totals
 
 
+def _heard(seen_at: float | None, answered_at: float | None) -> float | None:
+    """When the node was last heard from: its last good probe or, if later, its last
+    answer to anything. Pure."""
+    if answered_at is None or seen_at is not None and answered_at <= seen_at:
+        return seen_at
+    return answered_at
+
+
 class Watcher:
     """Refreshes every node's view of ``cluster`` in the background."""
 
@@ -110,7 +124,8 @@ class Watcher:
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._suspects: set[str] = set()  # to probe before the next full refresh
-        self._answers: dict[str, int | None] = {}  # each client's answer count at its probe
+        self._probing: dict[str, asyncio.Task] = {}  # node id -> its probe in flight
+        self._retry_at: float | None = None  # loop time of the next retry of failed probes
 
     # ---- reading the snapshot (no I/O) ----
     def healthy(self, node_id: str) -> bool:
@@ -157,13 +172,12 @@ class Watcher:
         self._task = asyncio.create_task(self._loop(), name="dsec-watcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        tasks = [t for t in (self._task, *self._probing.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        self._probing.clear()
 
     def _put(self, view: NodeView) -> None:
         self.views[view.node_id] = view
@@ -176,22 +190,39 @@ class Watcher:
             self._suspects.add(node_id)
             self._wake.set()
 
-    async def refresh(self) -> None:
+    def _members(self) -> list[NodeClient]:
         clients = self.cluster.clients()
         self._clients = {c.node_id: c for c in clients}
         for gone in set(self.views) - set(self._clients):
             self.views.pop(gone, None)
             self._healthy = None
-        await asyncio.gather(*(self._refresh_one(c) for c in clients))
+        return clients
+
+    async def refresh(self) -> None:
+        """Probe every node now and wait for the answers (or their timeouts)."""
+        await asyncio.gather(*(self._refresh_one(c) for c in self._members()))
+
+    def _rechecked(self, failed: bool = True) -> list[NodeClient]:
+        """The nodes a request reported and (with ``failed``) those whose last probe
+        failed, not yet ``max_failures`` times: probed before the next full refresh, so a
+        dead node is marked in about ``retry_s``."""
+        ids = set(self._suspects)
+        if failed:
+            ids |= {k for k, v in self.views.items() if 0 < v.failures < self.max_failures}
+        self._suspects = set()
+        return [c for k in ids if (c := self._clients.get(k)) is not None]
 
     async def recheck(self) -> None:
-        """Probe now the nodes a request reported and those whose last probe failed
-        (not yet ``max_failures`` times): a dead node is marked in about ``retry_s``."""
-        ids = self._suspects | {k for k, v in self.views.items() if 0 < v.failures
-                                < self.max_failures}
-        self._suspects = set()
-        clients = [c for k in ids if (c := self._clients.get(k)) is not None]
-        await asyncio.gather(*(self._refresh_one(c) for c in clients))
+        await asyncio.gather(*(self._refresh_one(c) for c in self._rechecked()))
+
+    def _start_probes(self, clients: list[NodeClient]) -> None:
+        """A probe of each of ``clients`` that has none in flight, not waited for."""
+        for c in clients:
+            if c.node_id not in self._probing:
+                task = asyncio.create_task(self._refresh_one(c), name=f"dsec-probe-{c.short}")
+                self._probing[c.node_id] = task
+                task.add_done_callback(lambda t, k=c.node_id: self._probing.pop(k, None)
+                                       if self._probing.get(k) is t else None)
 
     async def _refresh_one(self, client: NodeClient) -> None:
         was = self.healthy(client.node_id)
@@ -219,21 +250,18 @@ class Watcher:
         started, asked_at = self.clock(), time.time()
         view = self.views.get(client.node_id) or NodeView(
             client.node_id, client.short, in_process=getattr(client, "in_process", False))
-        answers = getattr(client, "answers", None)
-        before = self._answers.get(client.node_id)
-        before = answers if before is None else before
         try:
             load = await asyncio.wait_for(client.load(), self.timeout_s)
         except asyncio.TimeoutError:
             # Slow is not gone, and no verdict by itself: a node busy with its share of a
             # large batch (or a gateway whose own loop lags) looks the same for a while.
-            # A node that answered anything since the last probe was heard from now; one
-            # that did not ages, and is unhealthy once silent for stale_after_s. Its last
+            # It ages from the last time it answered anything (answered_at, on this
+            # watcher's clock), and is unhealthy once silent for stale_after_s. Its last
             # load plus this gateway's pending placements stand in meanwhile.
-            heard = answers is not None and client.answers > before and view.load is not None
-            self._answers[client.node_id] = getattr(client, "answers", None)
+            seen = _heard(view.seen_at, getattr(client, "answered_at", None))
+            heard = view.load is not None and seen != view.seen_at
             why = f"no load answer within {self.timeout_s:g} s"
-            self._put(replace(view, seen_at=self.clock() if heard else view.seen_at,
+            self._put(replace(view, seen_at=seen if heard else view.seen_at,
                               error=f"busy: {why}" if heard else f"slow: {why}"))
             return
         except Exception as exc:  # noqa: BLE001 - any failure makes the node suspect
@@ -241,8 +269,9 @@ class Watcher:
             if view.failures == 0:
                 log.warning("node %s did not answer: %s", client.node_id, why)
             self._put(replace(view, failures=view.failures + 1, error=why))
+            if view.failures + 1 < self.max_failures:
+                self._retry_soon()
             return
-        self._answers[client.node_id] = getattr(client, "answers", None)
         if not isinstance(load, NodeLoad) or load.node_id != client.node_id:
             self._put(replace(
                 view, failures=self.max_failures, error="answered with another node's load"))
@@ -253,26 +282,38 @@ class Watcher:
                           error=None))
         self.pending.seen(client.node_id, started)
 
-    def _retrying(self) -> bool:
-        return any(0 < v.failures < self.max_failures for v in self.views.values())
+    def _retry_soon(self) -> None:
+        """A probe failed (not yet max_failures times): the loop probes the node again
+        ``retry_s`` from now, not a whole period later."""
+        if self._task is None:
+            return
+        at = asyncio.get_running_loop().time() + self.retry_s
+        if self._retry_at is None or at < self._retry_at:
+            self._retry_at = at
+            self._wake.set()  # the loop takes the new deadline into its wait
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_full = loop.time() + self.period_s
         while True:
             wait = next_full - loop.time()
-            if self._retrying():
-                wait = min(wait, self.retry_s)
+            if self._retry_at is not None:
+                wait = min(wait, self._retry_at - loop.time())
             try:
                 await asyncio.wait_for(self._wake.wait(), max(wait, 0.0))
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
             try:
-                if loop.time() >= next_full:
-                    await self.refresh()
-                    next_full = loop.time() + self.period_s
+                now = loop.time()
+                if now >= next_full:
+                    self._retry_at = None
+                    self._start_probes(self._members())
+                    next_full = now + self.period_s
                 else:
-                    await self.recheck()
+                    due = self._retry_at is not None and now >= self._retry_at
+                    if due:
+                        self._retry_at = None
+                    self._start_probes(self._rechecked(due))
             except Exception:  # noqa: BLE001 - the watcher must outlive any one refresh
                 log.exception("watcher refresh failed")
