@@ -36,12 +36,16 @@ class Projects:
         self.conn = conn
         self.store = ProjectStore(conn)
         self.ledger = Ledger(conn)
+        self.store.settle = self.ledger.flush
         self.audit = AuditLog(conn)
         self.admission = Admission(self.ledger, self.store.quotas)
         self._root = f"Bearer {root_token}".encode()
         self.reconcile_s = reconcile_s
         self._task: asyncio.Task | None = None
         self._flush_at: asyncio.TimerHandle | None = None
+        # per node: (load minus rows) left after its last listing, and when what made
+        # that difference may first be adopted (see reconcile)
+        self._listed: dict[str, tuple[int, float]] = {}
         # the WAL's checkpoints (and their fsyncs) off the event loop; none in memory
         self.checkpointer = None if str(path) == ":memory:" else Checkpointer(path)
         self._checkpoints: asyncio.Task | None = None
@@ -128,7 +132,17 @@ class Projects:
                 continue
             # only rows older than the load: creates since then are in the ledger and
             # not yet in the load, and would have every node listed every round under load
-            if view.load.sandboxes == self.ledger.held_on(client.node_id, view.load_at):
+            held = self.ledger.held_on(client.node_id, view.load_at)
+            off = view.load.sandboxes - held
+            if off == 0:
+                self._listed.pop(client.node_id, None)
+                continue
+            # the same difference as at the last listing, which found sandboxes no row
+            # knows and too young to adopt: listing again before they may be adopted
+            # changes nothing (a node with many of them was listed every round, ms of
+            # this loop each time)
+            last_off, until = self._listed.get(client.node_id, (None, 0.0))
+            if off == last_off and time.time() < until:
                 continue
             listed_at = time.time()
             infos = await client.list()
@@ -138,6 +152,11 @@ class Projects:
             totals = [0, 0]
             for _ in self.ledger.reconcile_steps(client.node_id, present, listed_at, totals):
                 await asyncio.sleep(0)
+            due = self.ledger.adopt_due.pop(client.node_id, None)
+            if due is None:
+                self._listed.pop(client.node_id, None)
+            else:
+                self._listed[client.node_id] = (off - totals[1] + totals[0], due)
             freed = freed or totals[0] > 0
         if freed:
             self.admission.freed()

@@ -24,7 +24,9 @@ line keeps its order.
 
 The reservations asked for in one turn of the event loop are taken in one transaction
 (group commit: a commit was most of an admission's cost), decided in arrival order, each
-as it would have been alone.
+as it would have been alone. A reservation that nothing can refuse (no quota or rate on
+its project's chain, nobody of its project in line here or in the store) takes no
+transaction of its own at all (:meth:`~dsec.gateway.projects.ledger.Ledger.take_unbounded`).
 """
 
 from __future__ import annotations
@@ -251,10 +253,25 @@ class Admission:
             entered[spot] = False
         return res
 
+    def _unrefusable(self, spot: _Spot, ask: Ask) -> Reservation | None:
+        """The grant, without a transaction of its own, when nothing could refuse it: no
+        level of the project's chain has a quota or a rate, and no create of the project
+        waits in line, here or (an earlier ticket) in the store's line; else None."""
+        path = spot.path
+        if self.lines.get(path) or self._unleft:
+            return None
+        if any(_bounds(q) for q in self.quotas(ancestors(path)).values()):
+            return None
+        if self.line.earliest_in(path, spot.ticket) is not None:
+            return None
+        return self.ledger.take_unbounded(path, ask)
+
     async def _reserve(self, spot: _Spot, ask: Ask, deadline: float, wait_s: float,
                        partial: bool, clock: Callable[[], float]) -> Reservation:
         """Room for ``ask``: at once when nobody is in line, else in line at the spot's
         place until it fits at the head (the spot stays in line; its caller leaves)."""
+        if spot.waiter is None and (res := self._unrefusable(spot, ask)) is not None:
+            return self._granted(spot, res)
         if spot.waiter is None and (wait_s > 0 or not self.lines.get(spot.path)):
             # a newcomer behind this gateway's waiters tries too, with wait_s: its group
             # refuses it and puts its ticket in the store's line, where other gateways
@@ -395,6 +412,12 @@ class Admission:
             self._watcher.cancel()
             self._watcher = None
         self.line.close()
+
+
+def _bounds(quota: Quota) -> bool:
+    """Whether ``quota`` limits anything (a field or the creation rate set). Pure."""
+    return (quota.sandboxes is not None or quota.cpu is not None
+            or quota.memory_mb is not None or quota.creations_per_s is not None)
 
 
 def _or_raise(res: Reservation, wait_s: float) -> Reservation:

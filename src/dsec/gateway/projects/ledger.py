@@ -14,6 +14,17 @@ gateway with a running loop (:attr:`Ledger.defer`) keeps its confirmations in me
 writes them in its next write transaction, or at the latest :data:`FLUSH_S` later: a
 create then costs one write transaction instead of two. Until then the row counts as a
 create in flight (as it did while the node worked), so no quota can be exceeded by it.
+
+A reservation in a project that no level above or at it bounds (no quota field and no
+creation rate set anywhere on its chain) cannot be refused, so it need not be a
+transaction of its own either: :meth:`Ledger.take_unbounded` keeps its rows in memory
+with the confirmations, written the same way (a commit was a third of a create's time
+through the gateway). Decision: the one thing that could have used them at once is a
+quota an admin sets on that chain meanwhile; this gateway writes what it keeps before
+it writes any project change, and another gateway may admit against the new quota
+without the creates this one made in the last :data:`FLUSH_S` (a quota set while creates
+are under way was never ordered against them; a quota below usage is allowed and only
+stops new creates).
 """
 
 from __future__ import annotations
@@ -70,23 +81,35 @@ class Ledger:
         # flush() within FLUSH_S; None confirms at once (no loop to flush later)
         self.defer: Callable[[], None] | None = None
         self._confirms: list[tuple[str, str, str, float]] = []
+        self._takes: list[tuple[str, Ask, list[str], float]] = []  # see take_unbounded
+        # per node, when the first sandbox it listed that no row knows may be adopted
+        # (time.time()); the reconcile takes it (see Projects.reconcile)
+        self.adopt_due: dict[str, float] = {}
 
     @contextmanager
     def _write(self) -> Iterator[None]:
-        """A write transaction that first writes the confirmations waiting in memory
-        (kept for the next one if it rolls back)."""
+        """A write transaction that first writes the reservations and confirmations
+        waiting in memory (kept for the next one if it rolls back)."""
+        takes, self._takes = self._takes, []
         waiting, self._confirms = self._confirms, []
         try:
             with write(self.conn):
+                self._apply_takes(takes)
                 self._apply_confirms(waiting)
                 yield
         except BaseException:
+            self._takes[:0] = takes
             self._confirms[:0] = waiting
             raise
 
+    @property
+    def waiting(self) -> bool:
+        """Whether reservations or confirmations wait in memory to be written."""
+        return bool(self._confirms or self._takes)
+
     def flush(self) -> None:
-        """Write the confirmations waiting in memory now."""
-        if self._confirms:
+        """Write the reservations and confirmations waiting in memory now."""
+        if self._confirms or self._takes:
             with self._write():
                 pass
 
@@ -147,6 +170,25 @@ class Ledger:
                               [(k, path, ask.cpu, ask.memory_mb, now) for k in keys])
         self._add(path, n, ask.cpu * n, ask.memory_mb * n)
         return Reservation(path, keys)
+
+    def take_unbounded(self, path: str, ask: Ask) -> Reservation:
+        """Room for ``ask`` in ``path``, whose chain has no quota and no rate (the caller
+        checked): its rows are written with the next write, or within FLUSH_S when
+        :attr:`defer` is set, at once otherwise (see the module's docstring)."""
+        keys = [f"res-{secrets.token_hex(8)}" for _ in range(ask.count)]
+        self._takes.append((path, ask, keys, time.time()))
+        if self.defer is None:
+            self.flush()
+        else:
+            self.defer()
+        return Reservation(path, keys)
+
+    def _apply_takes(self, takes: list[tuple[str, Ask, list[str], float]]) -> None:
+        for path, ask, keys, at in takes:
+            self.conn.executemany("INSERT INTO held (key, path, cpu, memory_mb, at) "
+                                  "VALUES (?, ?, ?, ?, ?)",
+                                  [(k, path, ask.cpu, ask.memory_mb, at) for k in keys])
+            self._add(path, len(keys), ask.cpu * len(keys), ask.memory_mb * len(keys))
 
     def _refusal(self, path, chain, ask, rates, buckets, n) -> Reservation:
         one = Ask(1, ask.cpu, ask.memory_mb) if n == 0 else ask
@@ -267,7 +309,11 @@ class Ledger:
                 f"SELECT sb_id FROM held WHERE sb_id IN ({','.join('?' * len(present))})",
                 list(present))}
             for sb, (path, cpu, mem, created) in present.items():
-                if sb in known or listed_at - created < ADOPT_AFTER_S:
+                if sb in known:
+                    continue
+                if listed_at - created < ADOPT_AFTER_S:
+                    due = created + ADOPT_AFTER_S
+                    self.adopt_due[node] = min(self.adopt_due.get(node, due), due)
                     continue
                 self.conn.execute("INSERT OR IGNORE INTO held (key, path, cpu, memory_mb, "
                                   "node, sb_id, at) VALUES (?, ?, ?, ?, ?, ?, ?)",

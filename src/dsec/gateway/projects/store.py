@@ -19,6 +19,7 @@ import hashlib
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dsec.api.errors import Conflict, InvalidArgument, NotFound, Unauthorized
@@ -70,6 +71,9 @@ class ProjectStore:
         self._gen = -1
         self._principals: dict[bytes, tuple[Principal, float | None]] = {}
         self._quotas: dict[tuple[str, ...], dict[str, Quota]] = {}
+        # writes what the ledger keeps in memory (its deferred reservations): called before
+        # a project changes and before usage is read, so both see every create admitted
+        self.settle: Callable[[], None] = lambda: None
 
     # ---- what requests read, kept while the generation stands ----
     def _bump(self) -> None:
@@ -121,6 +125,7 @@ class ProjectStore:
 
     def create(self, path: str, quota: Quota) -> ProjectInfo:
         """A sub-project; its parent must exist and have ``quota`` left to give."""
+        self.settle()
         parent = _parent(path)
         with write(self.conn):
             if self.conn.execute("SELECT 1 FROM projects WHERE path = ?", (path,)).fetchone():
@@ -144,6 +149,7 @@ class ProjectStore:
     def set_quota(self, path: str, quota: Quota) -> ProjectInfo:
         """A new quota: within what the parent has left, and no less than the children
         were given (what is held already may exceed it; no more is admitted then)."""
+        self.settle()
         if path == "":
             raise InvalidArgument("the root project's quota is the cluster's capacity; "
                                   "set quotas on sub-projects")
@@ -168,6 +174,7 @@ class ProjectStore:
 
     def delete(self, path: str) -> None:
         """Remove an empty project (no sub-project, no sandbox); its tokens stop working."""
+        self.settle()
         if path == "":
             raise InvalidArgument("the root project cannot be deleted")
         with write(self.conn):
@@ -186,6 +193,7 @@ class ProjectStore:
             self._bump()
 
     def usage(self, path: str) -> Usage:
+        self.settle()
         row = self.conn.execute("SELECT sandboxes, cpu, memory_mb FROM usage WHERE path = ?",
                                 (path,)).fetchone()
         return Usage(sandboxes=row[0], cpu=round(row[1], 6), memory_mb=row[2]) if row \
