@@ -132,7 +132,8 @@ async def test_each_hot_path_is_the_route_the_router_picks(tmp_path):
     lane = app.router.middleware_stack
     assert isinstance(lane, FastLane)
     plans = [p for ps in lane.by_method.values() for p in ps]
-    assert {p.route.endpoint.__name__ for p in plans} == {"create", "get", "exec_", "shell_run"}
+    assert {p.route.endpoint.__name__ for p in plans} == {"create", "get", "exec_", "shell_run",
+                                                            "node_loads"}
     for plan in plans:
         path = plan.route.path_format.replace("{sb_id}", "sb-x").replace("{sh_id}", "sh-y")
         scope = {"type": "http", "method": next(iter(plan.route.methods)), "path": path,

@@ -116,7 +116,9 @@ def operations(pair):
     hot = {(m, p.route.path) for m, plans in lane.by_method.items() for p in plans}
     ops = [r.ok() for r in schema.get_all_operations()]
     served = [op for op in ops if (op.method.upper(), op.path) in hot]
-    assert {(op.method.upper(), op.path) for op in served} == hot  # each one in the schema
+    hidden = {(m, p.route.path) for m, plans in lane.by_method.items() for p in plans
+              if not p.route.include_in_schema}  # the watcher's load probe, tested below
+    assert {(op.method.upper(), op.path) for op in served} == hot - hidden  # each one fuzzed
     return served, [op for op in ops if (op.method.upper(), op.path) not in hot]
 
 
@@ -279,3 +281,16 @@ def test_every_other_route_answers_alike_with_the_lane_and_without(pair, operati
     failures = _fuzz(pair, operations[1], [GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
                      ALL_EXAMPLES)
     assert not failures, "\n\n".join(failures)
+
+
+def test_the_load_probe_answers_alike_with_the_lane_and_without(pair):
+    """The one hot route hidden from the schema (what a gateway's watcher asks a node)."""
+    got = []
+    for side in pair.sides:
+        resp = pair.run(side.client.get("/v1/nodes/load"))
+        assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+        body = resp.json()
+        assert [d["node_id"] for d in body] == [side.node.node_id]
+        assert body[0]["sandboxes"] == len(side.node.records)
+        got.append({k: type(v).__name__ for k, v in body[0].items()})
+    assert got[0] == got[1]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from urllib.parse import quote
 
 import httpx
@@ -48,7 +47,7 @@ STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def load_to_wire(load: NodeLoad) -> dict:
-    return asdict(load)
+    return {**vars(load), "backends": list(load.backends)}  # asdict deep-copies: 4x slower
 
 
 def _load_from_wire(d: dict) -> NodeLoad:

@@ -1,4 +1,5 @@
-"""A short path through the framework for the hottest routes (exec, create, get).
+"""A short path through the framework for the hottest routes (exec, create, get, and the
+watchers' load probe).
 
 FastAPI 0.16x matches a request against the routes of its included routers twice (once
 to find the router, once inside it) and solves each route's dependencies through its

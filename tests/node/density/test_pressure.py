@@ -64,3 +64,29 @@ def test_the_sampler_reports_the_gain_from_proc_swaps_and_sys(tmp_path):
     (tmp_path / "sys/block/zram0/mm_stat").write_text(f"{256 << 20} 1 {64 << 20} 0 0 0 0 0\n")
     figures = HostSampler(proc, sys=tmp_path / "sys").sample()
     assert figures.swap_gain_mb == 576 + 512 and figures.swap_free_mb == 512
+
+
+def test_recent_keeps_a_sample_for_its_age_and_then_takes_a_new_one(tmp_path):
+    proc = _proc(tmp_path, 100, 100)
+    s = HostSampler(proc, min_interval_s=0.0)
+    first = s.recent(0.2)
+    (proc / "meminfo").write_text(MEMINFO.replace("20480000", "10240000"))
+    assert s.recent(0.2) is first  # young: the same figures, no read
+    time.sleep(0.25)
+    assert s.recent(0.2).memory_available_mb == 10000
+
+
+def test_every_node_of_a_process_shares_one_host_sampler():
+    from dsec.node.density.config import DensityConfig
+    from dsec.node.density.node import NodeDensity
+
+    a = NodeDensity(DensityConfig(), lambda rec: None)
+    b = NodeDensity(DensityConfig(), lambda rec: None)
+    assert a.sampler is b.sampler
+    assert a.host() is b.host()  # one sample serves both within its quarter second
+
+
+def test_an_unreadable_file_reads_as_empty(tmp_path):
+    s = HostSampler(tmp_path, min_interval_s=0.0)  # no meminfo, stat, pressure at all
+    figures = s.sample()
+    assert figures.memory_available_mb == 0 and figures.cpu_used is None

@@ -9,9 +9,9 @@ its records (idle reclaim runs in the background from then on); the rest is read
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable
 
 from dsec.node.backends.base import Backend, ReclaimPlan, SandboxRecord
@@ -27,6 +27,14 @@ from dsec.node.host.sysctl import HostLimits, raise_nofile
 __all__ = ["NodeDensity"]
 
 log = logging.getLogger("dsec.node.density")
+
+
+@functools.cache
+def _host_sampler() -> HostSampler:
+    """One sampler per process: the host is the same for every node agent in it (one in
+    production; many simulated ones in the control-plane benchmark, which each sampled the
+    host on nearly every create)."""
+    return HostSampler(sandbox_cpu_ns=_sandbox_cpu_ns())
 
 
 def _sandbox_cpu_ns() -> Callable[[], int | None] | None:
@@ -45,7 +53,7 @@ class NodeDensity:
                  swap: SwapManager | None = None, sampler: HostSampler | None = None) -> None:
         self.config = config
         self.swap = swap or SwapManager(config.swap)
-        self.sampler = sampler or HostSampler(sandbox_cpu_ns=_sandbox_cpu_ns())
+        self.sampler = sampler or _host_sampler()
         self.reclaimer = Reclaimer(config.reclaim_parallel, persist)
         self.idle = IdleReclaimer(config.idle_reclaim_s, config.idle_reclaim_interval_s,
                                   config.idle_reclaim_step_mb << 20,
@@ -54,8 +62,6 @@ class NodeDensity:
         self.limits = HostLimits(config.sysctls)
         self.ksm_ok = False
         self._swap_status = SwapStatus()
-        self._host: HostFigures | None = None
-        self._host_at = 0.0
 
     async def open(self, backends: dict[str, Backend]) -> None:
         """Raise host limits; set up swap (and KSM) when some backend can use them; as
@@ -127,10 +133,7 @@ class NodeDensity:
     def host(self) -> HostFigures:
         """The host's figures, sampled at most every quarter second (a burst of creates
         asks on every one)."""
-        now = time.monotonic()
-        if self._host is None or now - self._host_at >= 0.25:
-            self._host, self._host_at = self.sampler.sample(), now
-        return self._host
+        return self.sampler.recent(0.25)
 
     def ksm_note(self) -> str:
         st = ksm.status()
