@@ -256,9 +256,10 @@ def test_a_release_of_more_keys_than_one_statement_takes(tmp_path):
 
 async def test_a_node_with_sandboxes_too_young_to_adopt_is_not_listed_again_until_due(tmp_path):
     """Sandboxes no row knows (made straight on the node) are adopted ADOPT_AFTER_S after
-    they were made; until then the same difference lists the node no more (it was
-    listed every round, each listing ms of the gateway's loop). A change of the
-    difference lists it at once."""
+    they were made; until then a difference as large or larger (more of them: another
+    gateway creating) lists the node no more (it was listed every round, each listing ms
+    of the node's and the gateway's time). A smaller one (something ended) lists it at
+    once."""
     p = _projects(tmp_path)
     node = _OneNode(listed=["sb-y1", "sb-y2"])
     calls = 0
@@ -274,5 +275,8 @@ async def test_a_node_with_sandboxes_too_young_to_adopt_is_not_listed_again_unti
     await p.reconcile(node)
     assert calls == 1 and p.store.usage("x").sandboxes == 0  # too young: not adopted yet
     node.watcher.view("node-a").load.sandboxes = 3  # one more appeared
+    await p.reconcile(node)
+    assert calls == 1
+    node.watcher.view("node-a").load.sandboxes = 1  # some ended
     await p.reconcile(node)
     assert calls == 2

@@ -137,12 +137,17 @@ class Projects:
             if off == 0:
                 self._listed.pop(client.node_id, None)
                 continue
-            # the same difference as at the last listing, which found sandboxes no row
-            # knows and too young to adopt: listing again before they may be adopted
-            # changes nothing (a node with many of them was listed every round, ms of
-            # this loop each time)
+            # The last listing found sandboxes no row knows, too young to adopt. Until the
+            # first may be adopted, a difference as large or larger means only more such
+            # sandboxes (another gateway's creates): listing again would change nothing.
+            # With another gateway creating, every node was listed every round (a list
+            # of a node's sandboxes costs it ms). A smaller difference means something
+            # ended: listed at once, its room given back. Decision: one of this gateway's
+            # sandboxes that ends on its own while others are made on its node, in the
+            # same round, gives its room back only when the node is next listed (at most
+            # ADOPT_AFTER_S later).
             last_off, until = self._listed.get(client.node_id, (None, 0.0))
-            if off == last_off and time.time() < until:
+            if last_off is not None and off >= last_off and time.time() < until:
                 continue
             listed_at = time.time()
             infos = await client.list()
