@@ -323,8 +323,7 @@ async def throughput(cl: Cluster, duration: float, batch: int, workers: int,
                  "per single create (1 s / that CPU), with 1/2/4 gateways: " + ", ".join(
                      f"{1000 / cpu_ms[(g, 'single')]:,.0f}/s" for g in (1, 2, 4))
                  + ". Inferred, not measured: here every gateway shares the 2 cores with the "
-                 "160 node agents and the client, and with 2 or 4 gateways even the creates "
-                 "sent straight to the nodes stay below 1,000/s per gateway.")
+                 f"{len(nodes)} node agents, the other gateways and the client.")
     return rows, notes
 
 
