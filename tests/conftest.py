@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 import dsec
+from dsec.node.density.config import DensityConfig
 from tests.support.server import ServerProcess, leftovers
 
 if os.geteuid() != 0:
     pytest.exit("dsec's tests run real containers and mounts: run them as root", 2)
+
+
+def _sysctl(key: str) -> Path:
+    return Path("/proc/sys") / key.replace(".", "/")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_sysctls_as_found():
+    """The host's sysctls a node raises (kernel.pid_max) as they were before the tests. A
+    node puts back what it raised only when it closes with no sandbox left, never after a
+    crash; the tests that kill a server on purpose left the host's pid_max raised."""
+    keys = DensityConfig().sysctls
+    before = {k: _sysctl(k).read_text() for k in keys if _sysctl(k).exists()}
+    yield
+    for key, text in before.items():
+        if _sysctl(key).read_text() != text:
+            _sysctl(key).write_text(text)
 
 
 @pytest.fixture(scope="session")
