@@ -216,6 +216,7 @@ class Cluster:
                                                      else [])
         self.hosts = [Host(root, i, n) for i, n in enumerate(sizes + [1, 1, 1])]
         self.gateways: list[GatewayProc] = []
+        self._pid_max: str | None = None  # as before start (see start)
 
     @property
     def victims(self) -> list[Host]:
@@ -267,7 +268,7 @@ class Cluster:
             g.stop()
         await asyncio.gather(*(h.quit() for h in self.hosts if h.proc is not None),
                              return_exceptions=True)
-        if getattr(self, "_pid_max", None) and PID_MAX.read_text() != self._pid_max:
+        if self._pid_max is not None and PID_MAX.read_text() != self._pid_max:
             PID_MAX.write_text(self._pid_max)
         left = [f"gateway pid {g.proc.pid}" for g in self.gateways if g.proc.poll() is None]
         left += [f"node host pid {h.proc.pid}" for h in self.hosts

@@ -109,7 +109,7 @@ class Ledger:
 
     def flush(self) -> None:
         """Write the reservations and confirmations waiting in memory now."""
-        if self._confirms or self._takes:
+        if self.waiting:
             with self._write():
                 pass
 
