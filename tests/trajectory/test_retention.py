@@ -29,6 +29,7 @@ def _fill(log: TrajectoryLog, n: int, entries: int = 5, start: float = NOW - 100
             log.append(sb, f"t{k}", "exec", "fp", {"cmd": f"step {k}"},
                        {"exit_code": 0, "stdout": OUTPUT})
         log.ended(sb, at=start + i)
+    log.reclaim()  # the WAL back in the file and cut back, as the node's checkpointer
     return ids
 
 

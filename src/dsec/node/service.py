@@ -43,6 +43,7 @@ from dsec.node.network import keep_network_audit
 from dsec.node.protection import check_protection
 from dsec.rl.jobs import reap_leases
 from dsec.trajectory.recorder import Recorder, recorded, recorded_stream
+from dsec.wal import Checkpointer, checkpoint_forever
 
 __all__ = ["NodeService"]
 
@@ -70,6 +71,7 @@ class NodeService:
         self._follow_again: set[str] = set()  # recovered paused: processes not followed yet
         self.ended = EndedSandboxes()  # what expired lately answers "expired", not "not found"
         self._reaper: asyncio.Task | None = None
+        self._checkpoints: asyncio.Task | None = None  # both files' WALs, off the loop
         self.pool = WarmPool(config.warm_pool)
         self._filler: asyncio.Task | None = None
         self._creating = 0
@@ -102,6 +104,9 @@ class NodeService:
         await node._recover()
         await node.network.recover(node.records.values())
         node._reaper = asyncio.create_task(node._reap_forever())
+        node._checkpoints = asyncio.create_task(checkpoint_forever(
+            Checkpointer(config.state_dir / "node.db"),
+            Checkpointer(config.state_dir / "trajectory.db")))
         node.density.start_idle(node.records.values, node.backends)
         node.trajectory.start_pruning(config.trajectory, node.records.__contains__)
         if node.pool.targets:
@@ -114,6 +119,9 @@ class NodeService:
             self._reaper.cancel()
         if self._filler:
             self._filler.cancel()
+        if self._checkpoints:
+            self._checkpoints.cancel()
+            await asyncio.gather(self._checkpoints, return_exceptions=True)
         for rec in self.pool.drain():  # pooled sandboxes hold no user state
             await self.backends[rec.spec.backend].stop(rec)
             self.store.delete(rec.id)

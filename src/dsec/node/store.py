@@ -8,31 +8,15 @@ transactions, and a host crash takes the sandboxes with it anyway.
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import threading
 from pathlib import Path
 
 from dsec.api.models import SandboxSpec
 from dsec.node.backends.base import SandboxRecord
+from dsec.wal import open_db
 
-__all__ = ["NodeStore", "ensure_node_id", "open_db"]
+__all__ = ["NodeStore", "ensure_node_id"]
 
-
-def open_db(path: Path, schema: str) -> sqlite3.Connection:
-    """An autocommit SQLite connection in WAL mode with ``schema`` applied, shareable
-    across threads (callers serialize with their own lock)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Private from the start: SQLite gives the -wal and -shm files the database's mode.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        if p.exists():
-            os.chmod(p, 0o600)
-    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.executescript(schema)
-    return db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (

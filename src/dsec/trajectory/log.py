@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsec.api.rl import AuditRecord, TrajectoryEntry
-from dsec.node.store import open_db
 from dsec.trajectory.retention import LogSummary, TrajectoryRetention, plan_prune
+from dsec.wal import open_db
 
 __all__ = ["TrajectoryLog", "PruneReport"]
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from dsec.api.errors import DSecError, Unauthorized
 from dsec.gateway.projects.admission import Admission
 from dsec.gateway.projects.audit import AuditLog
-from dsec.gateway.projects.db import CHECKPOINT_S, Checkpointer, open_control_db
+from dsec.gateway.projects.db import open_control_db
 from dsec.gateway.projects.ledger import FLUSH_S, Ledger
 from dsec.gateway.projects.store import Principal, ProjectStore, token_hash
+from dsec.wal import Checkpointer, checkpoint_forever
 
 __all__ = ["Projects", "Principal", "ROOT"]
 
@@ -72,16 +73,8 @@ class Projects:
     def start(self, gateway) -> None:
         self._task = asyncio.create_task(self._reconcile_forever(gateway))
         if self.checkpointer is not None:
-            self._checkpoints = asyncio.create_task(self._checkpoint_forever())
+            self._checkpoints = asyncio.create_task(checkpoint_forever(self.checkpointer))
         self.ledger.defer = self._flush_soon
-
-    async def _checkpoint_forever(self) -> None:
-        while True:
-            await asyncio.sleep(CHECKPOINT_S)
-            try:
-                await asyncio.to_thread(self.checkpointer.run)
-            except Exception:  # a busy or failing disk this round; the backstop remains
-                log.exception("checkpointing the control store failed")
 
     def _flush_soon(self) -> None:
         """Confirmations wait in memory: written with the next write, or FLUSH_S from now."""

@@ -4,30 +4,20 @@ Several gateways on one machine open the same file (WAL): every change that must
 race (a quota grant, an admission) is one ``BEGIN IMMEDIATE`` transaction, so two
 gateways cannot both take the last sandbox of a quota.
 
-A commit writes the WAL and no more (``synchronous = NORMAL``); the checkpoint, which
-copies the WAL into the database and fsyncs both, is where a commit would wait on the
-disk. SQLite runs it inside whichever commit fills ``wal_autocheckpoint`` pages: on the
-gateway's event loop, every few hundred creates, tens of ms that every request of the
-gateway waits out. So the gateway's connection checkpoints only as a backstop
-(:data:`BACKSTOP_PAGES`), and :class:`Checkpointer` does it off the loop, on a thread
-with a connection of its own, every :data:`CHECKPOINT_S` (a PASSIVE checkpoint: it
-never blocks a writer). What a commit promises does not change; at low rates the
-timer makes the WAL reach the disk sooner than the page count would have.
+Its WAL is checkpointed off the event loop (:mod:`dsec.wal`).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["open_control_db", "write", "Checkpointer", "CHECKPOINT_S", "BACKSTOP_PAGES"]
+from dsec.wal import tune
 
-CHECKPOINT_S = 0.5       # how often the checkpointer runs (when anything was committed)
-BACKSTOP_PAGES = 20_000  # a connection checkpoints itself only if the WAL grew this big
+__all__ = ["open_control_db", "write"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS projects (
@@ -79,9 +69,7 @@ def open_control_db(path: Path | str) -> sqlite3.Connection:
                            timeout=10.0)
     conn.execute("PRAGMA busy_timeout = 10000")
     if str(path) != ":memory:":
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")  # WAL: durable at checkpoints, never torn
-        conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")  # see Checkpointer
+        tune(conn)
     conn.executescript(SCHEMA)
     return conn
 
@@ -97,39 +85,3 @@ def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-
-
-class Checkpointer:
-    """PASSIVE checkpoints of the store at ``path`` on a connection of its own, meant to
-    run on a worker thread (``asyncio.to_thread(cp.run)``): the fsyncs stay off the
-    event loop, and SQLite lets go of the GIL while it waits on them."""
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = str(path)
-        self._conn: sqlite3.Connection | None = None
-        self._seen: int | None = None
-        self._lock = threading.Lock()  # close() waits for a checkpoint under way
-        self._closed = False
-
-    def run(self) -> bool:
-        """One checkpoint if anything was committed since the last; whether one ran."""
-        with self._lock:
-            return False if self._closed else self._run()
-
-    def _run(self) -> bool:
-        if self._conn is None:
-            self._conn = sqlite3.connect(self.path, isolation_level=None,
-                                         check_same_thread=False, timeout=10.0)
-        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-        if version == self._seen:
-            return False
-        self._seen = version
-        self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        return True
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
