@@ -13,7 +13,7 @@ from dsec.node.backends.simulated import SimulatedBackend
 from dsec.node.config import NodeConfig
 from dsec.node.service import NodeService
 from dsec.trajectory.log import TrajectoryLog
-from dsec.wal import BACKSTOP_PAGES, WAL_KEPT_BYTES, Checkpointer
+from dsec.wal import BACKSTOP_PAGES, WAL_KEPT_BYTES, Checkpointer, checkpoint_forever, open_db
 from dsec.gateway.projects.quota import Ask
 
 
@@ -45,6 +45,7 @@ def test_the_checkpointer_moves_what_was_committed_and_skips_when_nothing_was(tm
 
 def test_projects_on_a_file_run_their_checkpointer_and_stop_it(tmp_path, monkeypatch):
     monkeypatch.setattr("dsec.wal.CHECKPOINT_S", 0.01)
+    monkeypatch.setattr("dsec.wal.DUE_FRAMES", 1)
     projects = Projects("root-token", tmp_path / "projects.db")
     ran = asyncio.Event()
     real = projects.checkpointer.run
@@ -100,6 +101,7 @@ def test_the_trajectory_logs_commits_never_checkpoint_themselves(tmp_path):
 async def test_a_node_checkpoints_both_its_files_off_the_loop_and_stops_at_close(
         tmp_path, monkeypatch):
     monkeypatch.setattr("dsec.wal.CHECKPOINT_S", 0.01)
+    monkeypatch.setattr("dsec.wal.DUE_FRAMES", 1)
     ran: dict[str, asyncio.Event] = {}
     real = Checkpointer.run
     loop = asyncio.get_running_loop()
@@ -126,3 +128,37 @@ async def test_a_node_checkpoints_both_its_files_off_the_loop_and_stops_at_close
     finally:
         await node.close()
     assert node._checkpoints.done()
+
+
+async def test_a_checkpoint_is_due_only_once_the_wal_holds_enough_frames(tmp_path, monkeypatch):
+    """Looked at on a timer, run by the WAL's size: 160 simulated nodes on one machine
+    checkpointing every active file twice a second fsynced 640 times a second."""
+    monkeypatch.setattr("dsec.wal.CHECKPOINT_S", 0.01)
+    monkeypatch.setattr("dsec.wal.DUE_FRAMES", 40)
+    db = open_db(tmp_path / "x.db", "CREATE TABLE t (x TEXT);")
+    cp = Checkpointer(tmp_path / "x.db")
+    runs = 0
+    real = cp.run
+
+    def run() -> bool:
+        nonlocal runs
+        runs += 1
+        return real()
+
+    cp.run = run
+    task = asyncio.create_task(checkpoint_forever(cp))
+    try:
+        db.execute("INSERT INTO t VALUES ('a')")
+        await asyncio.sleep(0.1)
+        assert runs == 0 and 0 < cp.pending() < 40  # a few frames: not worth an fsync
+        for _ in range(40):
+            db.execute("INSERT INTO t VALUES (?)", ("x" * 5000,))
+        async with asyncio.timeout(30):
+            while cp.pending():
+                await asyncio.sleep(0.01)
+        assert runs >= 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        db.close()
+    assert cp._closed and Checkpointer(tmp_path / "none.db").pending() == 0
