@@ -155,20 +155,15 @@ class HttpNodeClient:
             req.headers["x-request-id"] = rid
         if (scope := caller_scope.get()) is not None:  # the node enforces the caller's
             req.headers[SCOPE_HEADER] = scope            # project, as the gateway's own does
-        for attempt in (0, 1):
-            try:
-                resp = await self._transport.handle_async_request(req)
-                if not stream:
-                    await resp.aread()
-                break
-            except STALE as exc:
-                if attempt or self.lost or method not in IDEMPOTENT or "content" in kw \
-                        and not isinstance(kw["content"], bytes):
-                    raise self._lost(exc) from exc
-                metrics.RETRIES.labels("stale_connection").inc()
-            except httpx.TransportError as exc:
-                raise self._lost(exc) from exc
-        self.answered_at = time.monotonic()
+
+        async def once() -> httpx.Response:
+            resp = await self._transport.handle_async_request(req)
+            if not stream:
+                await resp.aread()
+            return resp
+
+        resp = await self._retried(once, method in IDEMPOTENT and (
+            "content" not in kw or isinstance(kw["content"], bytes)))
         if resp.status_code >= 400:
             if stream:
                 await resp.aread()
@@ -186,21 +181,28 @@ class HttpNodeClient:
             headers = [*headers, (b"x-request-id", rid.encode("latin-1"))]
         if (scope := caller_scope.get()) is not None:
             headers = [*headers, (SCOPE_HEADER.encode(), scope.encode("latin-1"))]
+        status, content = await self._retried(lambda: self._transport.exchange(
+            method, self._url(path), headers, body or b"", timeout or self._timeout),
+            method in IDEMPOTENT)
+        if status >= 400:
+            raise _error(httpx.Response(status, content=content))
+        return content
+
+    async def _retried(self, once, resendable: bool):
+        """``once()``, again once on a connection the node closed as it was reused when
+        the request may be sent twice; any other transport failure is the node lost."""
         for attempt in (0, 1):
             try:
-                status, content = await self._transport.exchange(
-                    method, self._url(path), headers, body or b"", timeout or self._timeout)
+                out = await once()
                 break
             except STALE as exc:
-                if attempt or self.lost or method not in IDEMPOTENT:
+                if attempt or self.lost or not resendable:
                     raise self._lost(exc) from exc
                 metrics.RETRIES.labels("stale_connection").inc()
             except httpx.TransportError as exc:
                 raise self._lost(exc) from exc
         self.answered_at = time.monotonic()
-        if status >= 400:
-            raise _error(httpx.Response(status, content=content))
-        return content
+        return out
 
     def _url(self, path: str) -> httpx.URL:
         url = self._urls.get(path)

@@ -50,11 +50,7 @@ class FastTransport(httpx.AsyncBaseTransport):
                 self._tls = httpx.AsyncHTTPTransport(limits=httpx.Limits(
                     max_connections=self.max_connections, max_keepalive_connections=64))
             return await self._tls.handle_async_request(request)
-        key = (url.host, url.port or 80)
-        pool = self._pools.get(key)
-        if pool is None:
-            pool = self._pools[key] = _Pool(key, self.max_connections, self.keepalive_expiry)
-        return await pool.send(request)
+        return await self._pool(url).send(request)
 
     async def exchange(self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]],
                        body: bytes, timeouts: dict) -> tuple[int, bytes]:
@@ -69,11 +65,14 @@ class FastTransport(httpx.AsyncBaseTransport):
                 return resp.status_code, await resp.aread()
             finally:
                 await resp.aclose()
+        return await self._pool(url).whole(Wire(method, url, headers, body, timeouts))
+
+    def _pool(self, url: httpx.URL) -> _Pool:
         key = (url.host, url.port or 80)
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(key, self.max_connections, self.keepalive_expiry)
-        return await pool.whole(Wire(method, url, headers, body, timeouts))
+        return pool
 
     def abort(self) -> None:
         """End every exchange now (a caller that knows the server hangs stops waiting for
