@@ -1,34 +1,20 @@
-"""Schemathesis against the server's own /openapi.json (issue 13): no request it generates,
-valid or not, may get a server error, and afterwards the list still answers and no
-sandbox exists that no caller was given.
+"""Schemathesis against the embedded server's own /openapi.json (issue 13): no request it
+generates, valid or not, may get a server error, and afterwards the list still answers and
+no sandbox exists that no caller was given (the checks: tests/support/fuzz.py).
 
 Bounded in time: a few examples per operation and mode (``FUZZ_EXAMPLES``, default 30;
-about a minute on two cores). A few
-fields are clamped so the fuzz stays cheap, not so it stays polite: command timeouts, batch
-counts, background commands, how long a create may wait for room. Every sandbox a create returned is stopped at once.
+about a minute on two cores).
 """
 
 from __future__ import annotations
 
-import json
-import os
-
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import FlakyFailure, Unsatisfiable
-from schemathesis import GenerationMode
 
+from tests.support import fuzz
 from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(600)
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
-# Refusals the error table answers with a 5xx on purpose: none. "No room now" is 429 and a
-# verb this sandbox's backend lacks is 400; a 5xx from a healthy server is a bug.
-REFUSALS_5XX: dict[int, set[str]] = {}
-# routes that speak another platform's protocol answer its own error body (still no 5xx)
-FOREIGN_ERRORS = {"/sandboxfusion/": "detail"}
 
 
 @pytest.fixture(scope="module")
@@ -51,122 +37,16 @@ def http(fuzz_server):
 
 @pytest.fixture(scope="module")
 def live(http):
-    """A running sandbox the fuzz aims its per-sandbox routes at (random ids only 404)."""
-    r = http.post("/v1/sandboxes", json={"memory_mb": 64})
-    assert r.status_code == 201, r.text
-    sb_id = r.json()["id"]
-    sh = http.post(f"/v1/sandboxes/{sb_id}/shells")
-    assert sh.status_code == 201, sh.text
-    return {"id": sb_id, "shell": sh.json()["id"], "returned": {sb_id}}
+    return fuzz.live_sandbox(http)
 
 
-@pytest.fixture(scope="module")
-def api_schema(fuzz_server):
-    config = schemathesis.Config.from_dict({"generation": {"max-examples": EXAMPLES}})
-    return schemathesis.openapi.from_url(
-        f"{fuzz_server.url}/openapi.json", config=config,
-        headers={"authorization": f"Bearer {fuzz_server.token}"})
-
-
-def _aim(case, live: dict) -> None:
-    """Point per-sandbox routes at the live sandbox and shell (except their stop and close)
-    and clamp costs."""
-    params = case.path_parameters or {}
-    ends = case.method.upper() == "DELETE" and case.path in (
-        "/v1/sandboxes/{sb_id}", "/v1/sandboxes/{sb_id}/shells/{sh_id}")
-    if "sb_id" in params and not ends:
-        params["sb_id"] = live["id"]
-        if "sh_id" in params:
-            params["sh_id"] = live["shell"]
-    body = case.body
-    if isinstance(body, dict):
-        t = body.get("timeout")
-        if isinstance(t, (int, float)) and not isinstance(t, bool):
-            body["timeout"] = min(t, 3)
-        elif case.path.endswith(("/exec", "/exec/stream", "/run", "/processes", "/wait")):
-            body["timeout"] = 3  # absent (60 s) or None (none): a half-typed line waits
-        if body.get("background") is True:
-            body["background"] = False
-        ttl = body.get("timeout_s")
-        if case.path.endswith("/timeout") and isinstance(ttl, (int, float)):
-            body["timeout_s"] = max(ttl, 600)  # the live sandbox must outlive the fuzz
-        count = body.get("count")  # an integer-valued float (889.0) is a count too
-        if case.path == "/v1/sandboxes/batch" and isinstance(count, (int, float)) \
-                and not isinstance(count, bool):
-            body["count"] = min(count, 2)
-        for spec in (body, body.get("spec")):  # a create queued for room waits wait_s
-            if isinstance(spec, dict) and isinstance(spec.get("wait_s"), (int, float)) \
-                    and not isinstance(spec["wait_s"], bool):
-                spec["wait_s"] = min(spec["wait_s"], 0.1)
-
-
-def _returned(content: bytes) -> list[str]:
-    try:
-        body = json.loads(content)
-    except ValueError:
-        return []
-    if isinstance(body, dict) and isinstance(body.get("id"), str):
-        return [body["id"]]
-    if isinstance(body, dict) and isinstance(body.get("sandboxes"), list):
-        return [s["id"] for s in body["sandboxes"] if isinstance(s, dict) and "id" in s]
-    return []
-
-
-def _problem(case, resp) -> str | None:
-    """Why this answer is a failure, or None."""
-    where = (f"{case.method} {case.formatted_path} -> {resp.status_code} "
-             f"{resp.content[:300]!r}\n{case.as_curl_command()[:1500]}")
-    if resp.status_code < 400 or (case.method.upper() == "HEAD" and resp.status_code < 500):
-        return None  # a HEAD answer has no body to carry the error
-    try:
-        body = json.loads(resp.content)
-        err = body.get("error")
-    except (ValueError, AttributeError):
-        body = err = None
-    foreign = next((k for p, k in FOREIGN_ERRORS.items() if case.path.startswith(p)), None)
-    if foreign and resp.status_code < 500 and isinstance(body, dict) and body.get(foreign):
-        return None
-    if not (isinstance(err, dict) and err.get("message")):
-        return f"an error without the structured body: {where}"
-    if resp.status_code >= 500 and err.get("code") not in REFUSALS_5XX.get(resp.status_code, ()):
-        return f"a server error: {where}"
-    return None
-
-
-def test_no_request_gets_a_server_error(api_schema, http, live, fuzz_server):
-    auth = {"authorization": f"Bearer {fuzz_server.token}"}
-    failures: list[str] = []
-    operations = [r.ok() for r in api_schema.get_all_operations()]
-    assert len(operations) > 20
-    for op in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-            @given(op.as_strategy(generation_mode=mode))
-            def run(case):
-                _aim(case, live)
-                resp = case.call(headers=auth, timeout=60)
-                if case.method.upper() == "POST" and resp.status_code == 201:
-                    for sb_id in _returned(resp.content):  # the caller's now: stop it
-                        if sb_id != live["id"]:
-                            live["returned"].add(sb_id)
-                            http.delete(f"/v1/sandboxes/{sb_id}")
-                if why := _problem(case, resp):
-                    failures.append(why)
-                    raise AssertionError(why)  # end this operation at its first failure
-
-            try:
-                run()
-            except (AssertionError, FlakyFailure):  # noted in failures; on to the next
-                pass
-            except Unsatisfiable:  # nothing in this operation can be made invalid
-                pass
+def test_no_request_gets_a_server_error(http, live, fuzz_server):
+    failures = fuzz.fuzz_every_operation(fuzz.schema(fuzz_server.url, fuzz_server.token),
+                                         http, live, fuzz_server.token)
     assert not failures, "\n\n".join(failures)
 
 
 def test_afterwards_the_list_answers_and_no_sandbox_is_unreturned(http, live):
     """Runs after the fuzz (pytest keeps file order)."""
-    r = http.get("/v1/sandboxes")
-    assert r.status_code == 200, r.text
-    unreturned = {s["id"] for s in r.json()["sandboxes"]} - live["returned"]
-    assert not unreturned, f"sandboxes no caller was given: {unreturned}"
+    left = fuzz.unreturned(http, live)
+    assert not left, f"sandboxes no caller was given: {left}"

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsec.cluster.http import NODE_KEEPALIVE_S, HttpNodeClient
+from dsec.cluster.agent import NodeAgent
+from dsec.cluster.http import HttpNodeClient
 from dsec.cluster.remote import RemoteNodes
-from dsec.placement.admission import NodeLoad
 
 
 __all__ = ["NAMESPACE", "NodeEndpoint", "RayCluster", "start_node_actor", "node_actor_class"]
@@ -43,72 +42,15 @@ def _host_address() -> str:
     return ray.util.get_node_ip_address()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class _NodeActor:
-    """Hosts a NodeService and its HTTP API inside a Ray worker on one machine."""
+class _NodeActor(NodeAgent):
+    """A :class:`~dsec.cluster.agent.NodeAgent` inside a Ray worker, on the address Ray
+    knows this machine by unless told another."""
 
     def __init__(self, state_dir: str, token: str, backends: list[str],
                  host: str | None = None, port: int = 0,
                  warm_pool: dict[str, int] | None = None) -> None:
-        self.state_dir = Path(state_dir)
-        self.token = token
-        self.backends = backends
-        self.host = host
-        self.port = port
-        self.warm_pool = warm_pool or {}
-        self.node = None
-        self.server = None
-        self.url = ""
-
-    async def start(self) -> tuple[str, str]:
-        import uvicorn
-
-        from dsec.cluster.local import LocalCluster
-        from dsec.gateway.app import create_app
-        from dsec.gateway.coalesce import CoalescingProtocol
-        from dsec.gateway.server import settle_heap
-        from dsec.node.config import NodeConfig
-        from dsec.node.service import NodeService
-
-        host = self.host or _host_address()
-        port = self.port or _free_port(host)
-        config = NodeConfig(state_dir=self.state_dir, backends=self.backends,
-                            warm_pool=self.warm_pool)
-        self.node = await NodeService.open(config)
-        app = create_app(LocalCluster(self.node), self.token, close_cluster=False,
-                         node_api=True)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level="warning", access_log=False,
-                                                    http=CoalescingProtocol,
-                                                    timeout_keep_alive=NODE_KEEPALIVE_S,
-                                                    ws="websockets-sansio"))
-        settle_heap()  # as the embedded server does: the collector off the node's heap
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.02)
-        self.url = f"http://{host}:{port}"
-        return self.node.node_id, self.url
-
-    async def endpoint(self) -> tuple[str, str]:
-        return self.node.node_id, self.url
-
-    async def load(self) -> NodeLoad:
-        return self.node.load()
-
-    async def shutdown(self, stop_sandboxes: bool = True) -> None:
-        """Stop serving; with ``stop_sandboxes`` also stop every sandbox and unmount layers."""
-        if self.server is not None:
-            self.server.should_exit = True
-            await self._task
-        if self.node is not None:  # with no sandbox left, close() also unmounts the layers
-            await self.node.close(stop_sandboxes=stop_sandboxes)
+        super().__init__(state_dir, token, backends, host or _host_address(), port,
+                         warm_pool)
 
 
 def node_actor_class():
