@@ -15,4 +15,5 @@ def test_nodes_lists_the_local_node(cli, sync_client):
     assert r.returncode == 0, r.stderr
     rows = [ln.split() for ln in r.stdout.splitlines()[1:]]
     assert [row[0] for row in rows] == [n.id for n in sync_client.nodes()]
-    assert "container" in rows[0][1]
+    assert rows[0][1] == "ok"
+    assert "container" in rows[0][2]

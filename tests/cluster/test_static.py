@@ -112,6 +112,14 @@ async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes)
         assert victim not in {s["node"] for s in more.json()["sandboxes"]}
         listed = (await gw.get("/v1/sandboxes")).json()
         assert listed["unreachable"] == [victim]
+        shown = {n["id"]: n for n in (await gw.get("/v1/nodes")).json()}
+        assert set(shown) == {n.node.node_id for n in nodes.nodes}  # the lost one too
+        assert shown[victim]["healthy"] is False and shown[victim]["running"] is None
+        assert "last answered" in shown[victim]["problem"]
+        other = next(n for i, n in shown.items() if i != victim)
+        assert shown[victim]["backends"] == other["backends"]  # its last answer's figures
+        assert all(n["healthy"] and n["problem"] is None
+                   for i, n in shown.items() if i != victim)
 
 
 async def test_a_node_takes_only_the_cluster_credential_and_the_gateway_scopes_it(nodes):

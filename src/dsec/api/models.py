@@ -426,7 +426,11 @@ class NodeInfo(BaseModel):
     cpus: int
     memory_mb: int
     sandboxes: int
-    running: int
+    running: int | None = Field(description="None when the node does not answer")
+    healthy: bool = Field(True, description="False: the gateway counts this node lost (no "
+                                             "placements; its sandboxes answer node_lost); "
+                                             "the figures are its last answer's")
+    problem: str | None = Field(None, description="why the gateway counts it lost")
     memory_reserved_mb: int | None = Field(None, description="memory_mb of its sandboxes")
     cpu_reserved: float | None = Field(None, description="cpu of its sandboxes")
     memory_available_mb: int | None = Field(None, description="the host's MemAvailable")

@@ -52,6 +52,7 @@ def nodes(as_json: JsonOpt = False) -> None:
         return
     table = Table(box=None, header_style="bold")
     table.add_column("ID", no_wrap=True)
+    table.add_column("HEALTH")
     table.add_column("BACKENDS")
     table.add_column("CPUS", justify="right")
     table.add_column("MEMORY", justify="right")
@@ -60,8 +61,8 @@ def nodes(as_json: JsonOpt = False) -> None:
     for col in ("RESERVED", "AVAILABLE", "RECLAIMED", "SWAP FREE", "CPU USED", "PRESSURE"):
         table.add_column(col, justify="right")
     for n in found:
-        table.add_row(n.id, ",".join(n.backends), str(n.cpus), f"{n.memory_mb} MiB",
-                      str(n.sandboxes), str(n.running),
+        table.add_row(n.id, "ok" if n.healthy else "[red]lost[/red]", ",".join(n.backends),
+                      str(n.cpus), f"{n.memory_mb} MiB", str(n.sandboxes), _or(n.running, "{}"),
                       _or(n.memory_reserved_mb, "{} MiB") + " / " + _or(n.cpu_reserved, "{:g}"),
                       _or(n.memory_available_mb, "{} MiB"),
                       _or(n.memory_reclaimed_mb, "{:.0f} MiB"),
@@ -71,6 +72,8 @@ def nodes(as_json: JsonOpt = False) -> None:
                       + _or(n.cpu_pressure, "{:.1f}%"))
     out.print(table)
     for n in found:  # notes, on stderr: stdout stays the table
+        if not n.healthy:
+            err.print(f"{n.id}: lost: {n.problem} (figures from its last answer)")
         if n.core_scheduling or n.ksm:
             err.print(f"{n.id}: {n.core_scheduling or ''}; KSM: {n.ksm or 'unknown'}")
 

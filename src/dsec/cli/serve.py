@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +25,9 @@ def serve(
         metavar="IMAGE=N", help="keep N started sandboxes of IMAGE ready (repeatable)")] = None,
     ray: Annotated[str | None, typer.Option(
         metavar="ADDRESS", help="be a gateway over a Ray cluster's nodes ('auto' ok)")] = None,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", metavar="URL", help="be a gateway over the node agent at URL (repeatable; "
+                                      "`dsec node --listen` starts one)")] = None,
     images_remote: Annotated[str | None, typer.Option(
         metavar="URL", help="load layers on demand from this layer store")] = None,
     registry_pull: Annotated[bool, typer.Option(
@@ -48,6 +52,9 @@ def serve(
     with server_needed("dsec serve"):  # the server stack loads only here
         from dsec.gateway.server import guest_options, registry_options, trajectory_options
         from dsec.gateway.server import serve as run_server
+    if ray and node:
+        raise typer.BadParameter("--ray and --node are two ways to find nodes; give one",
+                                 param_hint="--node")
     if guest_accel not in ("auto", "kvm", "tcg"):
         raise typer.BadParameter("takes auto, kvm or tcg", param_hint="--guest-accel")
 
@@ -60,7 +67,8 @@ def serve(
                    warm_pool=_pool(warm_pool), ray_address=ray, images_remote=images_remote,
                    guests=guest_options(guest_accel, guest_warm_start, guest_pause_to_disk),
                    trajectory=trajectory_options(trajectory_keep_s, trajectory_max_mb),
-                   registry=registry_options(registry_pull, insecure_registry))
+                   registry=registry_options(registry_pull, insecure_registry),
+                   node_urls=node or None)
     except KeyboardInterrupt:
         pass
 
@@ -78,6 +86,9 @@ def _pool(items: list[str] | None) -> dict[str, int]:
 def node(
     ray: Annotated[str, typer.Option(metavar="ADDRESS",
                                      help="the Ray cluster to join ('auto' ok)")] = "auto",
+    listen: Annotated[str | None, typer.Option(
+        metavar="HOST:PORT", help="no Ray: serve this node's API at HOST:PORT in the "
+                                  "foreground, for gateways started with --node URL")] = None,
     token: Annotated[str | None, typer.Option(
         "--cluster-token", "--token", envvar="DSEC_CLUSTER_TOKEN",
         help="the cluster credential the gateways hold (their state dir's cluster_token); "
@@ -87,14 +98,22 @@ def node(
     backend: Annotated[list[str] | None, typer.Option(
         help="backend to enable (repeatable)")] = None,
 ) -> None:
-    """Start this machine's node agent in a Ray cluster (as a detached Ray actor)."""
-    with server_needed("dsec node", extra="ray"):
-        from dsec.cluster.ray import main as node_main
+    """Start this machine's node agent: in a Ray cluster (as a detached Ray actor), or with
+    --listen in the foreground (Ctrl-C ends it; its sandboxes keep running)."""
     if not token:
         raise typer.BadParameter("the cluster credential is required (or "
                                  "DSEC_CLUSTER_TOKEN): the gateway state dir's cluster_token",
                                  param_hint="--cluster-token")
-    args = ["--address", ray, "--state-dir", str(state_dir), "--token", token]
-    for b in backend or []:
-        args += ["--backend", b]
-    node_main(args)
+    backends = [x for b in backend or [] for x in ("--backend", b)]
+    if listen is not None:
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise typer.BadParameter(f"takes HOST:PORT; got {listen!r}", param_hint="--listen")
+        with server_needed("dsec node"):
+            from dsec.cluster.agent import main as agent_main
+        os.environ["DSEC_CLUSTER_TOKEN"] = token  # not on the command line: ps shows that
+        agent_main(["--host", host, "--port", port, "--state-dir", str(state_dir), *backends])
+        return
+    with server_needed("dsec node", extra="ray"):
+        from dsec.cluster.ray import main as node_main
+    node_main(["--address", ray, "--state-dir", str(state_dir), "--token", token, *backends])

@@ -93,7 +93,9 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
         nodes = cluster.clients()
-        down = watcher.down()
+        # known but not (yet, or no longer) answering the watcher: placement skips them
+        down = sorted({c.node_id for c in nodes if not watcher.healthy(c.node_id)}
+                      | set(watcher.down()))
         return JSONResponse({"ok": True, "nodes": len(nodes), "unhealthy": down})
 
     @app.get("/metrics", include_in_schema=False)

@@ -13,11 +13,12 @@ import asyncio
 from collections.abc import Iterable
 
 from dsec.api.errors import Capacity, DSecError, NodeLost
-from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxList, SandboxSpec
+from dsec.api.models import (CreateManyRequest, NodeInfo, SandboxInfo, SandboxList,
+                             SandboxSpec)
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
 
-__all__ = ["create_one", "create_batch", "list_all", "healthy_clients", "runs"]
+__all__ = ["create_one", "create_batch", "list_all", "healthy_clients", "lost_node", "runs"]
 
 
 def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
@@ -26,6 +27,22 @@ def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
     for c in gw.cluster.clients():
         (ok if gw.watcher.healthy(c.node_id) else down).append(c)
     return ok, [c.node_id for c in down]
+
+
+def lost_node(watcher, node_id: str, why: str | None = None) -> NodeInfo:
+    """A node counted lost, as ``GET /v1/nodes`` shows it: the figures of its last answer
+    (none if it never answered), why, and how long ago it last answered."""
+    view = watcher.view(node_id)
+    load = view.load if view is not None else None
+    problem = why or (view.error if view is not None and view.error else "no answer")
+    if view is not None and view.seen_at is not None:
+        problem += f"; last answered {watcher.clock() - view.seen_at:.0f} s ago"
+    return NodeInfo(id=node_id, backends=list(load.backends) if load else [],
+                    cpus=load.cpus if load else 0, memory_mb=load.memory_mb if load else 0,
+                    sandboxes=load.sandboxes if load else 0, running=None, healthy=False,
+                    problem=problem,
+                    memory_reserved_mb=load.memory_reserved_mb if load else None,
+                    cpu_reserved=round(load.cpu_reserved, 2) if load else None)
 
 
 def unsent(exc: BaseException) -> bool:

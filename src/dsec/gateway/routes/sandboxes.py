@@ -8,7 +8,7 @@ import json
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from dsec.api.errors import InvalidArgument
+from dsec.api.errors import DSecError, InvalidArgument
 from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult,
                              ImageSummary, InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
@@ -18,7 +18,7 @@ from dsec.gateway.auth import principal_of
 from dsec.gateway.fastlane import hot
 from dsec.gateway.routes.common import (check_grading, client_for, gateway_of, model_response,
                                         reaches_protected)
-from dsec.gateway.spread import create_batch, healthy_clients, list_all
+from dsec.gateway.spread import create_batch, healthy_clients, list_all, lost_node
 from dsec.placement.admission import NodeLoad
 
 __all__ = ["router", "CreateManyResponse"]
@@ -152,6 +152,18 @@ async def node_loads(request: Request) -> Response:
 
 @router.get("/nodes", response_model=list[NodeInfo])
 async def nodes(request: Request) -> list[NodeInfo]:
-    clients, _ = healthy_clients(gateway_of(request))
+    """Every node this gateway knows: those that answer as they are now, the others
+    (``healthy: false``) with their last answer's figures and why they count as lost."""
+    gw = gateway_of(request)
+    clients, down = healthy_clients(gw)
     got = await asyncio.gather(*(c.node_info() for c in clients), return_exceptions=True)
-    return [n for n in got if isinstance(n, NodeInfo)]
+    out = []
+    for c, n in zip(clients, got):
+        if isinstance(n, NodeInfo):
+            out.append(n)
+        elif isinstance(n, Exception):
+            why = n.message if isinstance(n, DSecError) else f"{type(n).__name__}: {n}"
+            out.append(lost_node(gw.watcher, c.node_id, why))
+        else:
+            raise n
+    return out + [lost_node(gw.watcher, node_id) for node_id in down]
