@@ -90,18 +90,21 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
             watcher.report_failure(node_id, str(exc))
         return JSONResponse(exc.to_wire(), status_code=exc.status)
 
+    def unhealthy() -> tuple[int, list[str]]:
+        """How many nodes are known, and those not (yet, or no longer) answering the
+        watcher: placement skips them."""
+        nodes = {c.node_id for c in cluster.clients()} | set(watcher.views)
+        return len(nodes), sorted(n for n in nodes if not watcher.healthy(n))
+
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        nodes = cluster.clients()
-        # known but not (yet, or no longer) answering the watcher: placement skips them
-        down = sorted({c.node_id for c in nodes if not watcher.healthy(c.node_id)}
-                      | set(watcher.down()))
-        return JSONResponse({"ok": True, "nodes": len(nodes), "unhealthy": down})
+        known, down = unhealthy()
+        return JSONResponse({"ok": True, "nodes": known, "unhealthy": down})
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus() -> Response:
-        down = set(watcher.down())
-        metrics.NODES.labels("healthy").set(len(watcher.views) - len(down))
+        known, down = unhealthy()
+        metrics.NODES.labels("healthy").set(known - len(down))
         metrics.NODES.labels("unhealthy").set(len(down))
         for view in watcher.views.values():
             if view.load is not None:
