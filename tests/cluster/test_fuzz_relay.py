@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.support import fuzz
+from tests.support.fuzz import http, live  # noqa: F401  (fixtures)
 from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(900)
@@ -78,7 +79,7 @@ def _announced(proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> str
 
 
 @pytest.fixture(scope="module")
-def gateway(node_agent, tmp_path_factory):
+def fuzzed(node_agent, tmp_path_factory):
     state = tmp_path_factory.mktemp("relay-fuzz-gw")
     (state / "cluster_token").write_text(node_agent["credential"])  # what it trusts nodes by
     os.chmod(state / "cluster_token", 0o600)
@@ -101,19 +102,7 @@ def gateway(node_agent, tmp_path_factory):
             subprocess.run(["rm", "-rf", str(state)], check=False)
 
 
-@pytest.fixture(scope="module")
-def http(gateway):
-    with httpx.Client(base_url=gateway.url, timeout=120,
-                      headers={"authorization": f"Bearer {gateway.token}"}) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def live(http):
-    return fuzz.live_sandbox(http)
-
-
-def test_no_relayed_request_gets_a_server_error(http, live, gateway, node_agent):
+def test_no_relayed_request_gets_a_server_error(http, live, fuzzed, node_agent):
     stalls: list[float] = []
 
     def recover() -> bool:
@@ -121,15 +110,15 @@ def test_no_relayed_request_gets_a_server_error(http, live, gateway, node_agent)
         stalled past the watcher's 2 s probe timeout): wait for it to answer again."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < RECOVER_S:
-            h = httpx.get(f"{gateway.url}/healthz", timeout=5).json()
+            h = httpx.get(f"{fuzzed.url}/healthz", timeout=5).json()
             if not h["unhealthy"]:
                 stalls.append(time.monotonic() - t0)
                 return True
             time.sleep(0.2)
         return False
 
-    failures = fuzz.fuzz_every_operation(fuzz.schema(gateway.url, gateway.token), http, live,
-                                         gateway.token, recover=recover)
+    failures = fuzz.fuzz_every_operation(fuzz.schema(fuzzed.url, fuzzed.token), http, live,
+                                         fuzzed.token, recover=recover)
     if failures:
         failures.append("node agent log, last lines: "
                         + (node_agent["log"].read_text(errors="replace")[-3000:]))

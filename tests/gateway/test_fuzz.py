@@ -8,17 +8,17 @@ about a minute on two cores).
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.support import fuzz
+from tests.support.fuzz import http, live  # noqa: F401  (fixtures)
 from tests.support.server import ServerProcess, leftovers
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def fuzz_server():
+def fuzzed():
     srv = ServerProcess().start()
     yield srv
     srv.stop_all_sandboxes()
@@ -28,21 +28,9 @@ def fuzz_server():
     assert not left, f"the fuzz left things behind: {left}"
 
 
-@pytest.fixture(scope="module")
-def http(fuzz_server):
-    with httpx.Client(base_url=fuzz_server.url, timeout=120,
-                      headers={"authorization": f"Bearer {fuzz_server.token}"}) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def live(http):
-    return fuzz.live_sandbox(http)
-
-
-def test_no_request_gets_a_server_error(http, live, fuzz_server):
-    failures = fuzz.fuzz_every_operation(fuzz.schema(fuzz_server.url, fuzz_server.token),
-                                         http, live, fuzz_server.token)
+def test_no_request_gets_a_server_error(http, live, fuzzed):
+    failures = fuzz.fuzz_every_operation(fuzz.schema(fuzzed.url, fuzzed.token), http, live,
+                                         fuzzed.token)
     assert not failures, "\n\n".join(failures)
 
 

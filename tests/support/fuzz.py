@@ -15,12 +15,13 @@ import os
 from collections.abc import Callable
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 from schemathesis import GenerationMode
 
-__all__ = ["EXAMPLES", "schema", "live_sandbox", "fuzz_every_operation", "unreturned"]
+__all__ = ["EXAMPLES", "schema", "http", "live", "fuzz_every_operation", "unreturned"]
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
 # Refusals the error table answers with a 5xx on purpose: none. "No room now" is 429 and a
@@ -36,7 +37,17 @@ def schema(url: str, token: str):
                                          headers={"authorization": f"Bearer {token}"})
 
 
-def live_sandbox(http: httpx.Client) -> dict:
+# Fixtures of a fuzz module, which imports them and provides ``fuzzed``: the server under
+# fuzz (its ``url`` and ``token``).
+@pytest.fixture(scope="module")
+def http(fuzzed):
+    with httpx.Client(base_url=fuzzed.url, timeout=120,
+                      headers={"authorization": f"Bearer {fuzzed.token}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def live(http) -> dict:
     """A running sandbox and shell the fuzz aims its per-sandbox routes at (random ids only
     404), and the set of every sandbox id a caller was given."""
     r = http.post("/v1/sandboxes", json={"memory_mb": 64})
