@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dsec.node.host.mounts import mounts_under
 from tests.support.server import leftovers
 
 CREDENTIAL = "dsec_test_agent_cli_credential"
@@ -94,3 +96,17 @@ def test_no_credential_is_refused_at_once(tmp_path):
     assert r.returncode == 2
     assert "cluster credential is required" in r.stderr
     assert not (tmp_path / "node").exists()  # nothing opened
+
+
+def test_a_taken_port_ends_it_with_nothing_left_mounted(root):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = subprocess.run([sys.executable, "-m", "dsec.cluster.agent", "--state-dir",
+                            str(root / "node"), "--cluster-token-file",
+                            str(root / "cluster_token"), "--port",
+                            str(taken.getsockname()[1])],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "address already in use" in r.stderr
+    assert not mounts_under(root / "node")  # its sandboxes dir was a mount of its own

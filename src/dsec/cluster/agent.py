@@ -52,12 +52,6 @@ class NodeAgent:
 
     async def start(self) -> tuple[str, str]:
         """Open the node and serve; its id and URL."""
-        import uvicorn
-
-        from dsec.cluster.local import LocalCluster
-        from dsec.gateway.app import create_app
-        from dsec.gateway.coalesce import CoalescingProtocol
-        from dsec.gateway.server import settle_heap
         from dsec.node.config import NodeConfig
         from dsec.node.service import NodeService
 
@@ -65,6 +59,22 @@ class NodeAgent:
         config = NodeConfig(state_dir=self.state_dir, backends=self.backends,
                             warm_pool=self.warm_pool)
         self.node = await NodeService.open(config)
+        try:
+            await self._serve(port)
+        except BaseException:  # e.g. the port is taken: the node's mounts go with it
+            node, self.node, self.server = self.node, None, None
+            await node.close()
+            raise
+        return self.node.node_id, self.url
+
+    async def _serve(self, port: int) -> None:
+        import uvicorn
+
+        from dsec.cluster.local import LocalCluster
+        from dsec.gateway.app import create_app
+        from dsec.gateway.coalesce import CoalescingProtocol
+        from dsec.gateway.server import settle_heap
+
         app = create_app(LocalCluster(self.node), self.token, close_cluster=False,
                          node_api=True)
         self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=port,
@@ -81,7 +91,6 @@ class NodeAgent:
                 self._task.result()
             await asyncio.sleep(0.02)
         self.url = f"http://{self.host}:{port}"
-        return self.node.node_id, self.url
 
     async def endpoint(self) -> tuple[str, str]:
         return self.node.node_id, self.url
