@@ -95,6 +95,12 @@ def test_no_credential_is_refused_at_once(tmp_path):
                        timeout=60)
     assert r.returncode == 2
     assert "cluster credential is required" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dsec.cluster.agent", "--state-dir",
+                        str(tmp_path / "node"), "--cluster-token-file",
+                        str(tmp_path / "missing")], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "cannot read the cluster credential" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "node").exists()  # nothing opened
 
 

@@ -135,8 +135,12 @@ def main(argv: list[str] | None = None) -> None:
                         "dir's cluster_token); else DSEC_CLUSTER_TOKEN")
     p.add_argument("--backend", action="append", default=None)
     a = p.parse_args(argv)
-    token = (a.cluster_token_file.read_text().strip() if a.cluster_token_file
-             else os.environ.get("DSEC_CLUSTER_TOKEN", ""))
+    try:
+        token = (a.cluster_token_file.read_text().strip() if a.cluster_token_file
+                 else os.environ.get("DSEC_CLUSTER_TOKEN", ""))
+    except (OSError, UnicodeDecodeError) as exc:
+        p.error(f"cannot read the cluster credential from {a.cluster_token_file}: "
+                f"{getattr(exc, 'strerror', None) or exc}")
     if not token:
         p.error("a cluster credential is required (--cluster-token-file or "
                 "DSEC_CLUSTER_TOKEN): the node trusts only gateways holding it")
