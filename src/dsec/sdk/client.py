@@ -240,7 +240,8 @@ class AsyncClient:
         await self._request("DELETE", f"/v1/images/{quote(name, safe='/:@')}")
 
     async def nodes(self) -> list[NodeInfo]:
-        """Nodes of the cluster with their load."""
+        """Nodes of the cluster with their load; one the gateway counts lost has
+        ``healthy=False``, its last answer's figures and ``problem`` (why)."""
         resp = await self._request("GET", "/v1/nodes")
         return parse(list[NodeInfo], resp)
 
