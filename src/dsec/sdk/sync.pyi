@@ -53,7 +53,8 @@ class Client:
         """Untag an image; its layers go too unless another image or a sandbox keeps them
         (e.g. a ``pack_diff`` snapshot no longer needed)."""
     def nodes(self) -> builtins.list[NodeInfo]:
-        """Nodes of the cluster with their load."""
+        """Nodes of the cluster with their load; one the gateway counts lost has
+        ``healthy=False``, its last answer's figures and ``problem`` (why)."""
     def stop_all(self, job: str | None = None) -> int:
         """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
     def fncall(self, fn: str | Callable[..., Any], *args: Any, language: Language = 'python', image: str = 'python:3.11', kwargs: dict[str, Any] | None = None, argv: builtins.list[str] | None = None, stdin: bytes | str | None = None, files: dict[str, bytes] | None = None, return_files: builtins.list[str] | None = None, env: dict[str, str] | None = None, timeout: float = 10.0, cpu_time_s: float | None = None, memory_mb: int = 256, disk_mb: int = 64, pids: int = 64, max_output: int = 1048576, compile_args: builtins.list[str] | None = None) -> Any:
