@@ -27,7 +27,7 @@ from dsec.placement.admission import NodeLoad
 __all__ = ["NodeAgent", "main"]
 
 
-def free_port(host: str) -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -55,7 +55,7 @@ class NodeAgent:
         from dsec.node.config import NodeConfig
         from dsec.node.service import NodeService
 
-        port = self.port or free_port(self.host)
+        port = self.port or _free_port(self.host)
         config = NodeConfig(state_dir=self.state_dir, backends=self.backends,
                             warm_pool=self.warm_pool)
         self.node = await NodeService.open(config)
@@ -148,11 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(logging.INFO)  # JSON lines, each with its request's id
     agent = NodeAgent(str(a.state_dir), token, a.backend or ["container"], a.host, a.port,
                       own_signals=False)
-    try:
-        import uvloop
-        uvloop.run(_run(agent))
-    except ImportError:
-        asyncio.run(_run(agent))
+    from dsec.gateway.server import run_loop
+    run_loop(_run(agent))
 
 
 if __name__ == "__main__":

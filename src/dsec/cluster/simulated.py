@@ -178,11 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--state-dir", required=True)
     p.add_argument("--token-file", required=True)
     a = p.parse_args(argv)
-    try:
-        import uvloop
-        uvloop.run(_host(a))
-    except ImportError:
-        asyncio.run(_host(a))
+    from dsec.gateway.server import run_loop
+    run_loop(_host(a))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dsec.gateway.coalesce import CoalescingProtocol
 from dsec.gateway.projects import Projects
 from dsec.node.config import NodeConfig
 
-__all__ = ["serve", "secure_state_dir", "DEFAULT_PORT"]
+__all__ = ["serve", "secure_state_dir", "run_loop", "DEFAULT_PORT"]
 
 DEFAULT_PORT = 7070
 GC_YOUNG = 10_000  # allocations between young collections (CPython's default is 700)
@@ -104,12 +104,15 @@ async def _serve_gateway(cluster, token: str, state_dir: Path, host: str, port: 
     await server.serve()
 
 
-def _run(main) -> None:
+def run_loop(main) -> None:
+    """Run the coroutine ``main`` on uvloop when it is installed, else on asyncio's loop (an
+    ImportError raised inside ``main`` is its own, not a reason to run it again)."""
     try:
         import uvloop
-        uvloop.run(main)
     except ImportError:
         asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def _token(state_dir: Path) -> str:
@@ -158,7 +161,7 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
         sd = state_dir or NodeConfig().state_dir
         sd.mkdir(parents=True, exist_ok=True)
         if node_urls:
-            _run(_serve_static(sd, host, port, node_urls))
+            run_loop(_serve_static(sd, host, port, node_urls))
         else:
             asyncio.run(_serve_ray(sd, host, port, ray_address))
         return
@@ -180,7 +183,7 @@ def serve(state_dir: Path | None = None, host: str = "127.0.0.1", port: int = DE
     if trajectory:
         from dsec.trajectory.retention import TrajectoryRetention
         kwargs["trajectory"] = TrajectoryRetention(**trajectory)
-    _run(_serve(NodeConfig(**kwargs), host, port))
+    run_loop(_serve(NodeConfig(**kwargs), host, port))
 
 
 def main(argv: list[str] | None = None) -> None:
