@@ -108,3 +108,64 @@ async def test_an_earlier_ticket_of_another_gateway_keeps_the_line(tmp_path):
         assert len((await p.admission.admit("fifo", Ask(1, 0.5, 64), 0)).keys) == 1
     finally:
         await other.stop()
+
+
+def _rows(p: Projects) -> list[tuple]:
+    return p.conn.execute("SELECT key, sb_id, node FROM held ORDER BY key").fetchall()
+
+
+async def test_a_retried_create_confirmed_in_one_write_holds_one_row(tmp_path):
+    """Two reservations confirmed with the same sandbox (a create retried with its
+    request_id, both answered before the write): one row, counted once."""
+    p = _projects(tmp_path)
+    p.store.create("retry", Quota())
+    a = await p.admission.admit("retry", Ask(1, 0.5, 64), 0)
+    b = await p.admission.admit("retry", Ask(1, 0.5, 64), 0)
+    p.ledger.confirm([(a.keys[0], "sb-r-1", "node-r")])
+    p.ledger.confirm([(b.keys[0], "sb-r-1", "node-r")])
+    p.ledger.flush()
+    assert _rows(p) == [(a.keys[0], "sb-r-1", "node-r")]
+    assert _written(p, "retry") == 1 and _written(p, "") == 1
+
+
+async def test_a_retried_create_confirmed_after_a_write_drops_its_row(tmp_path):
+    """The first attempt's row was written (and confirmed) before the retry's: the
+    retry's reservation, written earlier too, is dropped, not counted twice."""
+    p = _projects(tmp_path)
+    p.store.create("later", Quota())
+    a = await p.admission.admit("later", Ask(1, 0.5, 64), 0)
+    b = await p.admission.admit("later", Ask(1, 0.5, 64), 0)
+    p.ledger.flush()  # both reservations in the store, neither confirmed
+    p.ledger.confirm([(a.keys[0], "sb-l-1", "node-l")])
+    p.ledger.flush()
+    p.ledger.confirm([(b.keys[0], "sb-l-1", "node-l")])
+    p.ledger.flush()
+    assert _rows(p) == [(a.keys[0], "sb-l-1", "node-l")]
+    assert _written(p, "later") == 1
+
+
+async def test_a_bounded_reservation_is_confirmed_in_place(tmp_path):
+    """A bounded reservation's row is written at admission; its confirmation, kept in
+    memory, updates that row (not a second one)."""
+    p = _projects(tmp_path)
+    p.store.create("capped", Quota(sandboxes=5))
+    a = await p.admission.admit("capped", Ask(2, 0.5, 64), 0)
+    p.ledger.confirm([(a.keys[0], "sb-c-1", "node-c"), (a.keys[1], "sb-c-2", "node-c")])
+    p.ledger.flush()
+    assert sorted(r[1] for r in _rows(p)) == ["sb-c-1", "sb-c-2"]
+    assert _written(p, "capped") == 2 and p.ledger.held_on("node-c") == 2
+
+
+async def test_a_large_batch_is_written_whole(tmp_path):
+    """5,000 reservations and their confirmations (more than one statement's chunk) in one
+    write: every row with its sandbox, the sums right, one held twice dropped."""
+    p = _projects(tmp_path)
+    p.store.create("big", Quota())
+    a = await p.admission.admit("big", Ask(5000, 0.01, 8), 0)
+    made = [(k, f"sb-b-{i}", "node-b") for i, k in enumerate(a.keys)]
+    made[-1] = (a.keys[-1], "sb-b-0", "node-b")  # the last one answered with the first's
+    p.ledger.confirm(made)
+    p.ledger.flush()
+    assert p.conn.execute("SELECT count(*), count(sb_id) FROM held").fetchone() == (4999, 4999)
+    assert _written(p, "big") == 4999 and p.ledger.held_on("node-b") == 4999
+    assert p.store.usage("big").memory_mb == 4999 * 8
