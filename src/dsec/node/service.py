@@ -248,8 +248,10 @@ class NodeService:
 
     async def get(self, sb_id: str) -> SandboxInfo:
         rec = self._get(sb_id)
+        backend = self.backends[rec.spec.backend]
         try:
-            used = await asyncio.to_thread(self.backends[rec.spec.backend].memory_bytes, rec)
+            used = backend.memory_bytes(rec) if backend.memory_read_is_cheap \
+                else await asyncio.to_thread(backend.memory_bytes, rec)
         except Unsupported:
             return self.info(rec)
         return self.info(rec).model_copy(update={"memory_used_mb": round(used / (1 << 20), 1)})

@@ -80,6 +80,10 @@ class Backend:
     #: Whether :meth:`reclaim` and :meth:`restore` work here (the node sets up swap and
     #: starts background reclaims only for such backends).
     can_reclaim: ClassVar[bool] = False
+    #: Whether :meth:`memory_bytes` only reads a counter the kernel keeps (a cgroup file)
+    #: or nothing: the node then calls it on its loop, not in a thread (a thread hop cost
+    #: a sandbox's ``get`` more than the read).
+    memory_read_is_cheap: ClassVar[bool] = False
 
     def _unsupported(self, what: str, rec: SandboxRecord | None = None) -> Unsupported:
         name = rec.spec.backend if rec is not None else self.name

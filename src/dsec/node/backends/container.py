@@ -57,6 +57,7 @@ class ContainerBackend(Backend):
     protects_paths = "host"  # the agent enforces protected_paths with the host's Landlock
     cpu_classes = frozenset(cpuclass.CPU_CLASSES)
     can_reclaim = True
+    memory_read_is_cheap = True  # memory.current / memory.usage_in_bytes
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
                  runc: str = "runc", merge: bool = False, runc_sees_host: bool = False) -> None:

@@ -25,6 +25,7 @@ class FakeBackend(Backend):
     """Runs the real agent as a plain host process per sandbox (no isolation)."""
 
     name = "container"
+    memory_read_is_cheap = True  # nothing to read
 
     def __init__(self, state_dir: Path, agent_binary: Path) -> None:
         self.state_dir = state_dir

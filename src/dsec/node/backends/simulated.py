@@ -31,6 +31,8 @@ class SimulatedBackend(Backend):
     """Records only. ``name`` is the backend the simulated sandboxes answer to (the
     default ``container``, so an unchanged client spec lands here)."""
 
+    memory_read_is_cheap = True  # nothing to read
+
     def __init__(self, name: str = "container") -> None:
         self.name = name
         self.paused: set[str] = set()

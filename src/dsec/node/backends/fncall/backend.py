@@ -59,6 +59,7 @@ class FncallBackend(Backend):
     """See the module docstring."""
 
     name = "fncall"
+    memory_read_is_cheap = True  # nothing to read
 
     def __init__(self, state_dir: Path, images, agent_binary: Path,
                  max_workers: int | None = None, warm: int = 2,
