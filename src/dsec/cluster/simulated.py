@@ -144,6 +144,8 @@ async def _host(a) -> None:
     token = Path(a.token_file).read_text().strip()
     nodes = SimulatedNodes(Path(a.state_dir), a.nodes, token)
     await nodes.start()
+    from dsec.gateway.server import settle_heap
+    settle_heap()  # as a real node agent does once it serves (dsec.cluster.agent)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
