@@ -28,17 +28,20 @@ async def _pool_ids(srv) -> set[str]:
         store.close()
 
 
+# generous: in the cgroup2-only guest (QEMU without KVM here) three containers took over
+# a minute to start on a busy host
+POOL_WAIT_S = 240
+
+
 async def _wait_pool(srv, n: int, listed: set[str]) -> set[str]:
-    # generous: in the cgroup2-only guest (QEMU without KVM here) three containers took
-    # over a minute to start on a busy host
-    deadline = time.time() + 240
+    deadline = time.time() + POOL_WAIT_S
     pool: set[str] = set()
     while time.time() < deadline:
         pool = await _pool_ids(srv) - listed
         if len(pool) >= n:
             return pool
         await asyncio.sleep(0.2)
-    raise AssertionError(f"pool did not fill: {len(pool)} of {n} pooled after 240 s")
+    raise AssertionError(f"pool did not fill: {len(pool)} of {n} pooled after {POOL_WAIT_S} s")
 
 
 async def test_create_takes_a_pooled_sandbox_with_its_own_limits(pooled_server):

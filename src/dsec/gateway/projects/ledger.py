@@ -63,6 +63,16 @@ class Reservation:
     retry_after_s: float = 1.0
 
 
+def _per_project(rows) -> dict[str, list]:
+    """``[sandboxes, cpu, memory_mb]`` per project of held rows (key, path, cpu,
+    memory_mb, ...): one usage update per project, not per row. Pure."""
+    per: dict[str, list] = {}
+    for row in rows:
+        t = per.setdefault(row[1], [0, 0.0, 0])
+        t[0], t[1], t[2] = t[0] + 1, t[1] + row[2], t[2] + row[3]
+    return per
+
+
 def _fits(chain: list[tuple[str, Quota, Usage]], ask: Ask) -> int:
     """How many of ``ask.count`` fit under every level's quota. Pure."""
     n = ask.count
@@ -217,21 +227,13 @@ class Ledger:
         dup = self._duplicates(confirms)
         taken = {k for _, _, keys, _ in takes for k in keys}
         made = {key: (sb, node, at) for key, sb, node, at in confirms if key not in dup}
-        rows, sums = [], {}
-        for path, ask, keys, at in takes:
-            kept = [k for k in keys if k not in dup]
-            rows += [(k, path, ask.cpu, ask.memory_mb, *made.get(k, (None, None, at)))
-                     for k in kept]
-            t = sums.setdefault(path, [0, 0.0, 0])
-            t[0] += len(kept)
-            t[1] += ask.cpu * len(kept)
-            t[2] += ask.memory_mb * len(kept)
+        rows = [(k, path, ask.cpu, ask.memory_mb, *made.get(k, (None, None, at)))
+                for path, ask, keys, at in takes for k in keys if k not in dup]
         for part in chunks(rows):
             self.conn.executemany("INSERT INTO held (key, path, cpu, memory_mb, sb_id, node, "
                                   "at) VALUES (?, ?, ?, ?, ?, ?, ?)", part)
-        for path, (n, cpu, mem) in sums.items():
-            if n:
-                self._add(path, n, cpu, mem)
+        for path, (n, cpu, mem) in _per_project(rows).items():
+            self._add(path, n, cpu, mem)
         for part in chunks([(sb, node, at, key) for key, (sb, node, at) in made.items()
                             if key not in taken]):
             self.conn.executemany("UPDATE held SET sb_id = ?, node = ?, at = ? WHERE key = ?",
@@ -261,11 +263,7 @@ class Ledger:
         update per project, not per row (a node's 32,000 ended sandboxes were half a second
         of the gateway's loop row by row)."""
         self.conn.executemany("DELETE FROM held WHERE key = ?", [(r[0],) for r in rows])
-        per: dict[str, list] = {}
-        for _, path, cpu, mem in rows:
-            t = per.setdefault(path, [0, 0.0, 0])
-            t[0], t[1], t[2] = t[0] + 1, t[1] + cpu, t[2] + mem
-        for path, (n, cpu, mem) in per.items():
+        for path, (n, cpu, mem) in _per_project(rows).items():
             self._add(path, -n, -cpu, -mem)
         return len(rows)
 
