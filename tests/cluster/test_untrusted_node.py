@@ -5,11 +5,16 @@ real loopback server that answers each probe with fixed bytes."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import pytest
 
-from dsec.cluster.http import HttpNodeClient
+from dsec.api.errors import NodeLost
+from dsec.api.models import ExecRequest, SandboxInfo, SandboxSpec
+from dsec.cluster.http import HttpNodeClient, load_to_wire
 from dsec.gateway.watcher import Watcher
+from dsec.placement.admission import NodeLoad
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
 
@@ -64,5 +69,77 @@ async def test_a_node_answering_a_refusal_or_garbage_is_not_trusted(node_answeri
         assert not w.healthy("node-bad")
         assert w.loads() == []
         assert w.view("node-bad").error  # says why, for /healthz and the log
+    finally:
+        await client.close()
+
+
+def _answer(status: int, body: bytes) -> bytes:
+    return (b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body)) + body)
+
+
+@pytest.fixture
+async def liar():
+    """A node that answers its load probe as node-liar should, and every other request
+    with what no dsec node sends (by path): the gateway must not believe it."""
+    load = json.dumps([load_to_wire(NodeLoad("node-liar", ("container",), 8, 16384, 0, 0,
+                                             0.0))]).encode()
+    other = SandboxInfo(id="sb-other-1", node="node-other", backend="container",
+                        image="busybox", state="running", created_at=0.0, cpu=0.5,
+                        memory_mb=64, disk_mb=64, last_active_at=0.0).model_dump_json().encode()
+    by_path = {
+        "/v1/nodes/load": _answer(200, load),
+        "/v1/sandboxes": _answer(201, other),  # another node's sandbox, as its own
+        "/v1/sandboxes/batch": _answer(200, b'{"sandboxes": [], "errors": [1, 2]}'),
+        "/v1/sandboxes/sb-liar-1": _answer(200, b'{"id": 5}'),
+        "/v1/sandboxes/sb-liar-1/exec": _answer(200, b"[[[["),
+        "/v1/jobs": _answer(200, b"<html>proxy</html>"),
+        "/v1/sandboxes/sb-liar-1/pause": _answer(401, b'{"detail": "who are you"}'),
+        "/v1/sandboxes/sb-liar-1/resume": _answer(502, b"<html>bad gateway</html>"),
+    }
+
+    async def handle(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            path = head.split(b" ", 2)[1].split(b"?")[0].decode()
+            length = re.search(rb"content-length: (\d+)", head, re.I)
+            if length:
+                await reader.readexactly(int(length.group(1)))
+            writer.write(by_path.get(path, _answer(404, b"{}")))
+            await writer.drain()
+        finally:
+            writer.close()
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    srv.close()
+    await srv.wait_closed()
+
+
+VERBS = {
+    "create": lambda c: c.create(SandboxSpec(memory_mb=64)),
+    "create_many": lambda c: c.create_many(2, SandboxSpec(memory_mb=64)),
+    "get": lambda c: c.get("sb-liar-1"),
+    "exec": lambda c: c.exec("sb-liar-1", ExecRequest(cmd="true")),
+    "jobs": lambda c: c.jobs(),
+    "pause (a 401: it refuses the gateway's credential)": lambda c: c.pause("sb-liar-1"),
+    "resume (a proxy's page)": lambda c: c.resume("sb-liar-1"),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+async def test_a_node_that_answers_its_probes_but_lies_otherwise_is_not_believed(liar, verb):
+    """Each verb's garbage is NodeLost naming the node (a 503 at the gateway, not a 500
+    nor another node's sandbox handed on), and the node is then distrusted: no placements
+    although its probes still answer well."""
+    client = HttpNodeClient("node-liar", liar, "cluster-credential")
+    w = Watcher(Cluster(client), timeout_s=2.0)
+    try:
+        await w.refresh()
+        assert w.healthy("node-liar")
+        with pytest.raises(NodeLost, match="node-liar.*answered what no dsec node sends"):
+            await VERBS[verb](client)
+        await w.refresh()  # a good probe does not make it trusted again
+        assert not w.healthy("node-liar") and w.loads() == []
+        assert "answered what no dsec node sends" in w.view("node-liar").error
     finally:
         await client.close()

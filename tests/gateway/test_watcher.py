@@ -197,32 +197,38 @@ async def test_one_hung_node_does_not_hold_up_the_probes_of_the_others():
     assert not w._probing  # stop ends the probes in flight
 
 
-async def test_a_node_that_falls_is_aborted_once_and_revived_when_it_returns():
+async def test_a_node_that_falls_is_released_then_aborted_once_and_revived():
+    """Marked unhealthy: what is in flight to it ends, but creates (release); silent for
+    abort_after_s: creates too (abort); each once; revived when it answers again."""
     a = FakeNode("node-a")
-    a.aborts = a.revives = 0
-    a.lost = False
+    a.releases = a.aborts = a.revives = 0
+    a.lost = a.aborted = False
+
+    def release():
+        a.releases, a.lost = a.releases + 1, True
 
     def abort():
-        a.aborts, a.lost = a.aborts + 1, True
+        a.aborts, a.lost, a.aborted = a.aborts + 1, True, True
 
     def revive():
-        a.revives, a.lost = a.revives + 1, False
-    a.abort, a.revive = abort, revive
+        a.revives, a.lost, a.aborted = a.revives + 1, False, False
+    a.release, a.abort, a.revive = release, abort, revive
     clock = Clock()
     w = Watcher(FakeCluster([a]), abort_after_s=30.0, clock=clock)
     await w.refresh()
+    assert (a.releases, a.aborts) == (0, 0)  # healthy: nothing ended
     a.up = False
-    for _ in range(4):  # marked, but not silent long enough to end its requests
+    for _ in range(4):  # marked, but not silent long enough to end its creates
         clock.t += 5.0
         await w.refresh()
-    assert not w.healthy("node-a") and (a.aborts, a.revives) == (0, 0)
+    assert not w.healthy("node-a") and (a.releases, a.aborts, a.revives) == (1, 0, 0)
     for _ in range(4):
         clock.t += 5.0
         await w.refresh()
-    assert (a.aborts, a.revives) == (1, 0)
+    assert (a.releases, a.aborts, a.revives) == (1, 1, 0)
     a.up = True
     await w.refresh()
-    assert (a.aborts, a.revives) == (1, 1)
+    assert (a.releases, a.aborts, a.revives) == (1, 1, 1)
 
 
 async def _poll(cond, limit_s: float = 20.0) -> bool:

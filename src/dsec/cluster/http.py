@@ -9,13 +9,20 @@ watcher's budget bounds it, and the watcher, not one slow connect, decides liven
 server would (``KEEPALIVE_S`` < the node's ``timeout_keep_alive``), so a request is never
 written onto a connection the node is closing; a request that may be repeated safely
 (GET, DELETE, the load probe) is retried once on a connection that turned out stale.
+
+A node's answers are not trusted blindly: one that does not parse as what a dsec node
+sends, or that names a sandbox of another node, ends the request with :class:`NodeLost`
+naming the node (never a 500, never another node's sandbox handed on), and the watcher
+is told (``on_untrusted``), so the node gets no requests for a while.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
 import httpx
@@ -44,6 +51,12 @@ NODE_KEEPALIVE_S = 30.0  # ...well before a node's server closes one (uvicorn's 
 CONNECT_S = 3.0
 IDEMPOTENT = {"GET", "HEAD", "DELETE", "PUT"}
 STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _makes_sandboxes(request) -> bool:
+    """Whether a request in flight makes sandboxes (a create or a batch)."""
+    return request.method == "POST" and request.url.path.rstrip("/").endswith(
+        ("/v1/sandboxes", "/v1/sandboxes/batch"))
 
 
 def load_to_wire(load: NodeLoad) -> dict:
@@ -107,6 +120,9 @@ class HttpNodeClient:
         # watcher tells a busy node (slow probes, other answers) from a hung one by it
         self.answered_at: float | None = None
         self.lost = False  # the watcher gave up on the node: no retries, no waiting on it
+        self.aborted = False  # ...and ended its creates in flight too
+        # told (node id, why) when the node answers what no dsec node sends
+        self.on_untrusted: Callable[[str, str], None] | None = None
         # the SDK's transport: httpcore's pool costs ~0.5 ms of CPU per request (more with
         # many in flight), which was most of what the gateway added to a request
         self._transport = FastTransport(max_connections=max_connections,
@@ -122,16 +138,24 @@ class HttpNodeClient:
                                       timeout=httpx.Timeout(None, connect=CONNECT_S),
                                       transport=self._transport)
 
-    def abort(self) -> None:
+    def release(self) -> None:
         """The node was marked unhealthy: requests in flight to it end now with NodeLost
         (a hung node would otherwise hold them as long as it hangs; an exec has no read
-        timeout, since a command may run for hours)."""
+        timeout, since a command may run for hours), except those that make sandboxes.
+        A node merely slow with its share of a big batch can look hung for a while, and
+        ending its creates would orphan what it makes: they wait for :meth:`abort`."""
         self.lost = True
+        self._transport.abort(keep=_makes_sandboxes)
+
+    def abort(self) -> None:
+        """The node stayed silent (the watcher's ``abort_after_s``): everything in flight
+        to it ends now with NodeLost, creates included."""
+        self.lost = self.aborted = True
         self._transport.abort()
 
     def revive(self) -> None:
         """The node answers again."""
-        self.lost = False
+        self.lost = self.aborted = False
 
     # ---- transport ----
     def _lost(self, exc: Exception) -> NodeLost:
@@ -139,9 +163,41 @@ class HttpNodeClient:
                        f"({type(exc).__name__}); its sandboxes are reachable again when it "
                        "comes back")
         err.node_id = self.node_id
+        err.why = f"{type(exc).__name__} at {self.url}"  # what the watcher tells later callers
         # a failed connect sent nothing: the caller may try another node
         err.sent = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
         return err
+
+    def _untrusted(self, exc: Exception) -> NodeLost:
+        why = f"answered what no dsec node sends ({type(exc).__name__}: {str(exc)[:200]})"
+        err = NodeLost(f"node {self.node_id} at {self.url} {why}; it gets no requests "
+                       "until it answers properly again")
+        err.node_id, err.sent, err.why = self.node_id, True, why
+        if self.on_untrusted is not None:
+            self.on_untrusted(self.node_id, why)
+        return err
+
+    def _error(self, status: int, content: bytes) -> DSecError:
+        """The error a node answered. Only a dsec error body is believed: anything else
+        (a 401, which means the node refuses this gateway's cluster credential, not the
+        caller's token; a proxy's page) is the node's failure."""
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+        if status != 401 and isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return error_from_wire(body, status)
+        if status == 401:
+            return self._untrusted(PermissionError(
+                "HTTP 401: it refuses this gateway's cluster credential"))
+        return self._untrusted(ValueError(f"HTTP {status} with no dsec error in it"))
+
+    def _own(self, info: SandboxInfo) -> SandboxInfo:
+        """``info`` if it is a sandbox of this node: a node naming another's is not
+        believed (its answer would hand a caller a sandbox it never made)."""
+        if info.node != self.node_id or not info.id.startswith(f"sb-{self.short}-"):
+            raise ValueError(f"it answered with {info.id} of {info.node}, not one of its own")
+        return info
 
     async def _send(self, method: str, path: str, stream: bool = False,
                     timeout: dict | None = None, **kw) -> httpx.Response:
@@ -168,7 +224,7 @@ class HttpNodeClient:
             if stream:
                 await resp.aread()
                 await resp.aclose()
-            raise _error(resp)
+            raise self._error(resp.status_code, resp.content)
         return resp
 
     async def _call(self, method: str, path: str, body: bytes | None = None,
@@ -185,7 +241,7 @@ class HttpNodeClient:
             method, self._url(path), headers, body or b"", timeout or self._timeout),
             method in IDEMPOTENT)
         if status >= 400:
-            raise _error(httpx.Response(status, content=content))
+            raise self._error(status, content)
         return content
 
     async def _retried(self, once, resendable: bool):
@@ -224,10 +280,15 @@ class HttpNodeClient:
             async for line in resp.aiter_lines():
                 self.answered_at = time.monotonic()  # a node streaming output is alive
                 if line:
-                    body = json.loads(line)
-                    if "error" in body and "type" not in body:
+                    try:
+                        body = json.loads(line)
+                        failed = "error" in body and "type" not in body
+                        event = None if failed else ExecEvent.model_validate(body)
+                    except (ValueError, TypeError) as exc:
+                        raise self._untrusted(exc) from exc
+                    if failed:
                         raise error_from_wire(body, 500)
-                    yield ExecEvent.model_validate(body)
+                    yield event
         except httpx.TransportError as exc:
             raise self._lost(exc) from exc
         finally:
@@ -262,7 +323,7 @@ class HttpNodeClient:
 
     # ---- sandboxes ----
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        return await self._model(SandboxInfo, "POST", "/v1/sandboxes", spec)
+        return self._own(await self._model(SandboxInfo, "POST", "/v1/sandboxes", spec))
 
     async def create_many(self, count: int, spec: SandboxSpec, request_id: str | None = None,
                           first_index: int = 0) -> tuple[list[SandboxInfo], list[str]]:
@@ -270,7 +331,10 @@ class HttpNodeClient:
                                 first_index=first_index)
         body = await self._json("POST", "/v1/sandboxes/batch", content=req.model_dump_json(),
                                 headers=self._json_headers)
-        return [SandboxInfo.model_validate(s) for s in body["sandboxes"]], body["errors"]
+        errors = body["errors"]
+        if not all(isinstance(e, str) for e in errors):
+            raise TypeError("its batch errors are not strings")
+        return [self._own(SandboxInfo.model_validate(s)) for s in body["sandboxes"]], errors
 
     async def list(self, job: str | None = None, labels: dict[str, str] | None = None,
                    request_id: str | None = None) -> list[SandboxInfo]:
@@ -280,24 +344,25 @@ class HttpNodeClient:
         if request_id is not None:
             params.append(("request_id", request_id))
         body = await self._json("GET", "/v1/sandboxes", params=params)
-        return SandboxList.model_validate(body).sandboxes
+        return [self._own(info) for info in SandboxList.model_validate(body).sandboxes]
 
     async def get(self, sb_id: str) -> SandboxInfo:
-        return await self._model(SandboxInfo, "GET", f"/v1/sandboxes/{sb_id}")
+        return self._own(await self._model(SandboxInfo, "GET", f"/v1/sandboxes/{sb_id}"))
 
     async def stop(self, sb_id: str) -> None:
         await self._send("DELETE", f"/v1/sandboxes/{sb_id}")
 
     async def pause(self, sb_id: str) -> SandboxInfo:
-        return await self._model(SandboxInfo, "POST", f"/v1/sandboxes/{sb_id}/pause")
+        return self._own(await self._model(SandboxInfo, "POST", f"/v1/sandboxes/{sb_id}/pause"))
 
     async def resume(self, sb_id: str) -> SandboxInfo:
-        return await self._model(SandboxInfo, "POST", f"/v1/sandboxes/{sb_id}/resume")
+        return self._own(await self._model(SandboxInfo, "POST",
+                                           f"/v1/sandboxes/{sb_id}/resume"))
 
     async def set_timeout(self, sb_id: str, timeout_s: float) -> SandboxInfo:
         resp = await self._post_model(f"/v1/sandboxes/{sb_id}/timeout",
                                       TimeoutRequest(timeout_s=timeout_s))
-        return SandboxInfo.model_validate_json(resp.content)
+        return self._own(SandboxInfo.model_validate_json(resp.content))
 
     # ---- commands ----
     async def _post_model(self, path: str, model) -> httpx.Response:
@@ -489,9 +554,25 @@ class HttpNodeClient:
         await self._send("DELETE", f"/v1/images/{quote(name, safe='/:')}")
 
 
-def _error(resp: httpx.Response) -> DSecError:
-    try:
-        body = resp.json()
-    except ValueError:
-        body = resp.text
-    return error_from_wire(body, resp.status_code)
+def _checked(verb):
+    """``verb`` of the client, its node's answer not trusted blindly: what does not parse
+    as a node's answer (or names another node's sandbox) is the node's failure, NodeLost
+    naming it, not the gateway's (a 500)."""
+    @functools.wraps(verb)
+    async def call(self: HttpNodeClient, *args, **kw):
+        try:
+            return await verb(self, *args, **kw)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError,
+                StopIteration) as exc:
+            if isinstance(exc, DSecError):  # InvalidArgument is a ValueError
+                raise
+            raise self._untrusted(exc) from exc
+    return call
+
+
+# every verb (not the async generators, which check their events as they come)
+for _name, _verb in list(vars(HttpNodeClient).items()):
+    if not _name.startswith("_") and _name != "close" and inspect.iscoroutinefunction(_verb):
+        setattr(HttpNodeClient, _name, _checked(_verb))
+
+

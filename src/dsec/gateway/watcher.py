@@ -53,16 +53,17 @@ class NodeView:
     failures: int = 0             # refreshes failed in a row
     error: str | None = None      # why the last one failed
     in_process: bool = False      # the node lives in this process: it cannot go away
+    distrusted_until: float = 0.0  # it answered what no node sends: no requests until then
 
 
 def health(view: NodeView, now: float, stale_after_s: float, max_failures: int = 2) -> bool:
-    """True when the node may get placements and requests: it answered recently enough
-    and has not failed ``max_failures`` times in a row since. Pure."""
+    """True when the node may get placements and requests: it answered recently enough,
+    has not failed ``max_failures`` times in a row since, and is not distrusted. Pure."""
     if view.seen_at is None or view.load is None:
         return False
     if view.in_process:
         return True
-    if view.failures >= max_failures:
+    if view.failures >= max_failures or now < view.distrusted_until:
         return False
     return now - view.seen_at <= stale_after_s
 
@@ -109,8 +110,10 @@ class Watcher:
 
     def __init__(self, cluster: Cluster, period_s: float = 1.0, stale_after_s: float = 4.0,
                  timeout_s: float = 2.0, max_failures: int = 2, abort_after_s: float = 30.0,
-                 retry_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_s: float = 0.2, distrust_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
+        self.distrust_s = distrust_s
         self.period_s, self.stale_after_s, self.retry_s = period_s, stale_after_s, retry_s
         self.timeout_s, self.max_failures = timeout_s, max_failures
         self.abort_after_s = abort_after_s
@@ -190,8 +193,26 @@ class Watcher:
             self._suspects.add(node_id)
             self._wake.set()
 
+    def distrust(self, node_id: str, why: str) -> None:
+        """The node answered a request with what no dsec node sends (garbage, another
+        node's sandbox, a refusal of this gateway's credential): no placements and no
+        requests for ``distrust_s``, whatever its probes say meanwhile (a node may answer
+        its probes well and everything else badly)."""
+        view = self.views.get(node_id)
+        if view is None:
+            return
+        if self.clock() >= view.distrusted_until:
+            log.warning("node %s not trusted for %.0f s: it %s", node_id, self.distrust_s, why)
+        self._put(replace(view, error=why, distrusted_until=self.clock() + self.distrust_s))
+        client = self._clients.get(node_id)
+        if client is not None:
+            self._changed(client, True)
+
     def _members(self) -> list[NodeClient]:
         clients = self.cluster.clients()
+        for c in clients:
+            if hasattr(c, "on_untrusted"):
+                c.on_untrusted = self.distrust
         self._clients = {c.node_id: c for c in clients}
         for gone in set(self.views) - set(self._clients):
             self.views.pop(gone, None)
@@ -230,21 +251,29 @@ class Watcher:
         self._changed(client, was)
 
     def _changed(self, client: NodeClient, was: bool) -> None:
-        """A node silent for ``abort_after_s`` has what is in flight to it ended (NodeLost)
-        rather than left waiting as long as it hangs; one that answers again is revived.
-        Not at the first mark: a node busy with a long request (its share of a big batch)
-        looks the same for a while, and ending that request would orphan what it makes."""
+        """A node marked unhealthy has what is in flight to it ended (NodeLost) rather
+        than left waiting as long as it hangs, except its creates; one silent for
+        ``abort_after_s`` has those ended too; one that answers again is revived. Not
+        the creates at the first mark: a node busy with a long request (its share of a
+        big batch) looks the same for a while, and ending it would orphan what it makes."""
+        if not hasattr(client, "release"):  # in this process: it cannot hang apart
+            return
         if self.healthy(client.node_id):
-            if getattr(client, "lost", False):
+            if client.lost:
                 client.revive()
             return
         view = self.views.get(client.node_id)
-        if view is None or view.seen_at is None or getattr(client, "lost", True):
+        if view is None or view.seen_at is None or client.aborted:
             return
-        if self.clock() - view.seen_at >= self.abort_after_s:
-            log.warning("node %s silent for %.0f s: ending its requests in flight",
-                        client.node_id, self.clock() - view.seen_at)
+        silent = self.clock() - view.seen_at
+        if silent >= self.abort_after_s:
+            log.warning("node %s silent for %.0f s: ending its creates in flight",
+                        client.node_id, silent)
             client.abort()
+        elif not client.lost:
+            log.warning("node %s marked unhealthy (%s): ending its requests in flight "
+                        "but creates", client.node_id, view.error or "silent")
+            client.release()
 
     async def _probe(self, client: NodeClient) -> None:
         started, asked_at = self.clock(), time.time()
@@ -265,7 +294,8 @@ class Watcher:
                               error=f"busy: {why}" if heard else f"slow: {why}"))
             return
         except Exception as exc:  # noqa: BLE001 - any failure makes the node suspect
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            why = (getattr(exc, "why", None)  # NodeLost's own message repeats the rest
+                   or (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__))
             if view.failures == 0:
                 log.warning("node %s did not answer: %s", client.node_id, why)
             self._put(replace(view, failures=view.failures + 1, error=why))
@@ -279,7 +309,7 @@ class Watcher:
         if view.failures:
             log.info("node %s answers again", client.node_id)
         self._put(replace(view, load=load, seen_at=started, load_at=asked_at, failures=0,
-                          error=None))
+                          error=view.error if self.clock() < view.distrusted_until else None))
         self.pending.seen(client.node_id, started)
 
     def _retry_soon(self) -> None:

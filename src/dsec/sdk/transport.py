@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httptools
 import httpx
@@ -74,13 +75,13 @@ class FastTransport(httpx.AsyncBaseTransport):
             pool = self._pools[key] = _Pool(key, self.max_connections, self.keepalive_expiry)
         return pool
 
-    def abort(self) -> None:
+    def abort(self, keep: Callable[[Any], bool] | None = None) -> None:
         """End every exchange now (a caller that knows the server hangs stops waiting for
         it): a request sent fails with ReadError and is not retried (a retry would wait on
         the same hung server), one still waiting for a connection with ConnectError (it
-        was never sent)."""
+        was never sent). Requests sent for which ``keep(request)`` is true go on waiting."""
         for pool in self._pools.values():
-            pool.abort()
+            pool.abort(keep)
 
     async def aclose(self) -> None:
         for pool in self._pools.values():
@@ -175,6 +176,7 @@ class _Pool:
         retry = request.method in IDEMPOTENT and isinstance(request.stream, httpx.ByteStream)
         while True:
             conn = await self._acquire(request, timeouts)
+            conn.request = request  # what abort(keep=...) asks about
             try:
                 await conn.send(request, timeouts.get("write"))
                 await conn.read_head(request, timeouts.get("read"))
@@ -289,7 +291,7 @@ class _Pool:
         self.open -= len(self.idle)
         self.idle.clear()
 
-    def abort(self) -> None:
+    def abort(self, keep: Callable[[Any], bool] | None = None) -> None:
         self.close()
         while (turn := self._next_turn()) is not None:
             turn.fut.set_exception(httpx.ConnectError(
@@ -298,7 +300,8 @@ class _Pool:
         for task in list(self._opening):  # their requests have just failed
             task.cancel()
         for conn in list(self.busy):  # each is released (and counted) by its exchange
-            conn.abort()
+            if keep is None or conn.request is None or not keep(conn.request):
+                conn.abort()
 
     def shutdown(self) -> None:
         """The client closes: idle connections and connects under way end, and requests
@@ -324,6 +327,7 @@ class _Conn(asyncio.Protocol):
         self.aborted = False  # ended by the client: not stale, so never retried
         self.reused = False
         self.idle_since = 0.0
+        self.request = None  # the request of the exchange under way
         self.error: Exception | None = None
         self._waiter: asyncio.Future | None = None
         self._drained: asyncio.Future | None = None
