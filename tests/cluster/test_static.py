@@ -11,6 +11,8 @@ import time
 import httpx
 import pytest
 
+import dsec
+
 from dsec.cluster.simulated import SimulatedNodes, route_of
 from dsec.cluster.static import StaticCluster
 from dsec.gateway.app import create_app
@@ -92,7 +94,8 @@ async def test_a_batch_is_split_over_every_node_with_one_request_each(nodes):
 async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes):
     async with _gateway(nodes.urls) as gw:
         r = await gw.post("/v1/sandboxes/batch",
-                          json={"count": 10, "spec": {"cpu": 0.05, "memory_mb": 64}})
+                          json={"count": 10, "spec": {"cpu": 0.05, "memory_mb": 64,
+                                                      "job": "j1"}})
         victim = nodes.nodes[0].node.node_id
         theirs = [s["id"] for s in r.json()["sandboxes"] if s["node"] == victim]
         assert theirs
@@ -120,6 +123,19 @@ async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes)
         assert shown[victim]["backends"] == other["backends"]  # its last answer's figures
         assert all(n["healthy"] and n["problem"] is None
                    for i, n in shown.items() if i != victim)
+        # the job verbs fan out too, and name the node they could not reach
+        jobs = (await gw.get("/v1/jobs")).json()
+        assert jobs["unreachable"] == [victim]
+        j1 = (await gw.get("/v1/jobs/j1")).json()
+        assert j1["unreachable"] == [victim] and j1["sandboxes"] == 10 - len(theirs)
+        stopped = await gw.delete("/v1/jobs/j1")
+        assert stopped.status_code == 503 and victim in stopped.json()["error"]["message"]
+        # the SDK says so too: list() names them, stop_all() raises after the others
+        async with dsec.AsyncClient(str(gw.base_url), ROOT) as client:
+            assert (await client.list()).unreachable == [victim]
+            assert (await client.jobs.list()).unreachable == [victim]
+            with pytest.raises(dsec.NodeLost, match=f"stopped 8 sandboxes.*{victim}"):
+                await client.stop_all()
 
 
 async def test_a_node_takes_only_the_cluster_credential_and_the_gateway_scopes_it(nodes):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from dsec.api.errors import NodeLost
 from dsec.api.models import ExecRequest, SandboxInfo, SandboxSpec
 from dsec.cluster.http import HttpNodeClient, load_to_wire
+from dsec.cluster.static import StaticCluster
 from dsec.gateway.watcher import Watcher
 from dsec.placement.admission import NodeLoad
 
@@ -143,3 +145,30 @@ async def test_a_node_that_answers_its_probes_but_lies_otherwise_is_not_believed
         assert "answered what no dsec node sends" in w.view("node-liar").error
     finally:
         await client.close()
+
+
+async def test_bad_node_urls_are_left_out_with_why_and_the_good_ones_served(
+        node_answering, liar, caplog):
+    """Discovery over a fixed list: a URL naming itself with no node id, one claiming a
+    node id another URL has, one refusing the cluster credential and one that is not
+    HTTP do not stop the gateway (they did: AttributeError, ValueError at start-up); each
+    is logged with why, and the good URL is served."""
+    bad = {
+        "not a node id": await node_answering(_answer(200, b'[{"node_id": 12345}]')),
+        "impersonates": await node_answering(_answer(200, json.dumps(
+            [{"node_id": "node-liar"}]).encode())),
+        "refuses the credential": await node_answering(ANSWERS["wrong token"]),
+        "not http": await node_answering(ANSWERS["not http"]),
+    }
+    cluster = StaticCluster([liar, *bad.values()], "cluster-credential")
+    with caplog.at_level(logging.WARNING, logger="dsec.cluster.static"):
+        await cluster.start()
+    try:
+        assert [c.node_id for c in cluster.clients()] == ["node-liar"]
+        logged = caplog.text
+        assert "12345" in logged and "not a node id" in logged
+        assert f"it says it is node-liar, which {liar} is" in logged
+        assert "refuses this gateway's cluster credential" in logged
+        assert all(url in logged for url in bad.values())
+    finally:
+        await cluster.close()

@@ -117,7 +117,12 @@ class JobInfo(BaseModel):
     memory_used_mb: float = Field(0.0, description="memory they are charged for now")
     lease_expires_at: float | None = None
     stop_at: float | None = Field(None, description="when a lapsed lease stops the job")
+    unreachable: list[str] = Field(default_factory=list, description=(
+        "nodes that did not answer: the job's sandboxes there are not counted (nor paused, "
+        "resumed or given the heartbeat)"))
 
 
 class JobList(BaseModel):
     jobs: list[JobInfo]
+    unreachable: list[str] = Field(default_factory=list, description=(
+        "nodes that did not answer: their sandboxes' jobs are not in the list"))

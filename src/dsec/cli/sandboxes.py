@@ -97,6 +97,7 @@ def ls(
     """List sandboxes."""
     with dsec.Client() as client:
         infos = client.list(job=job, labels=parse_pairs(label, "--label"))
+    _warn_unreachable(infos.unreachable, "listed")
     if as_json:
         print_json(sorted(infos, key=lambda i: i.created_at))
         return
@@ -167,6 +168,13 @@ def rm(
         fail(f"{len(failures)} of {len(ids)} sandboxes could not be stopped")
 
 
+def _warn_unreachable(nodes: list[str], what: str) -> None:
+    """Nodes that did not answer: their sandboxes are not in what this command did."""
+    if nodes:
+        err.print(f"[yellow]warning:[/] node(s) {', '.join(nodes)} did not answer: their "
+                  f"sandboxes are not {what} (see `dsec nodes`)")
+
+
 def _plural(n: int) -> str:
     return f"{n} sandbox{'es' if n != 1 else ''}"
 
@@ -175,6 +183,7 @@ def _stop_everything(yes: bool) -> int:
     """``rm --all``: say how many, and ask (or need --yes) before stopping them."""
     with dsec.Client() as client:
         infos = client.list()
+    _warn_unreachable(infos.unreachable, "stopped")
     if not infos:
         err.print("no sandboxes to stop")
         return 0

@@ -13,12 +13,12 @@ import random
 import time
 from collections.abc import Iterable
 
-from dsec.api.errors import Capacity, Unavailable
+from dsec.api.errors import Capacity, NodeLost, Unavailable
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
 from dsec.gateway.watcher import Watcher
-from dsec.placement.admission import AdmissionPolicy
+from dsec.placement.admission import AdmissionPolicy, NodeLoad
 from dsec.placement.choose import choose_node, refusal, rendezvous, split_batch
 
 __all__ = ["Placer"]
@@ -56,8 +56,7 @@ class Placer:
         exclude = frozenset(exclude)
         chosen = None
         if key is not None:
-            chosen = rendezvous([n for n in loads if n.node_id not in exclude
-                                 and backend in n.backends], key)
+            chosen = self._keyed(backend, key, exclude)
         chosen = chosen or choose_node(loads, backend, memory_mb * count, cpu * count,
                                        recent=pending, k=self.k, rng=self.rng,
                                        policy=self.policy, exclude=exclude)
@@ -67,6 +66,20 @@ class Placer:
                                    exclude=exclude))
         self.watcher.pending.add(chosen.node_id, count, self.watcher.clock())
         return self.watcher.client(chosen.node_id) or self._clients()[chosen.node_id]
+
+    def _keyed(self, backend: str, key: str, exclude: frozenset[str]) -> NodeLoad | None:
+        """The node ``key`` hashes to among every node known with ``backend``, answering
+        or not: when that node does not answer, the first attempt may have made the
+        sandbox there, and making it elsewhere would be a second one (NodeLost)."""
+        known = [v.load for v in self.watcher.views.values() if v.load is not None
+                 and v.node_id not in exclude and backend in v.load.backends]
+        first = rendezvous(known, key)
+        if first is not None and not self.watcher.healthy(first.node_id):
+            raise NodeLost(f"a create with request_id {key[:80]!r} goes to node "
+                           f"{first.node_id}, which does not answer: a first attempt may have "
+                           "made it there; retry when the node is back, or use another "
+                           "request_id for a new sandbox")
+        return first
 
     def split(self, backend: str, memory_mb: int, cpu: float, count: int,
               exclude: Iterable[str] = ()) -> tuple[list[tuple[NodeClient, int]], int]:

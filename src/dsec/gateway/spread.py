@@ -111,16 +111,27 @@ def _index(info: SandboxInfo, request_id: str) -> int | None:
 
 
 async def _existing(gw, request_id: str) -> dict[int, SandboxInfo]:
-    clients, _ = healthy_clients(gw)
+    """What earlier attempts of the batch ``request_id`` made, by item index. When some
+    were found (so this is a retry) and nodes did not answer, the items not found may be
+    on those: NodeLost, rather than make them a second time elsewhere. (A retry all of
+    whose items are on nodes that do not answer cannot be told from a first attempt.)"""
+    clients, down = healthy_clients(gw)
     found = await asyncio.gather(*(c.list(request_id=request_id) for c in clients),
                                  return_exceptions=True)
     out: dict[int, SandboxInfo] = {}
-    for infos in found:
-        if isinstance(infos, list):
-            for info in infos:
-                i = _index(info, request_id)
-                if i is not None:
-                    out[i] = info
+    for c, infos in zip(clients, found):
+        if not isinstance(infos, list):
+            down.append(c.node_id)
+            continue
+        for info in infos:
+            i = _index(info, request_id)
+            if i is not None:
+                out[i] = info
+    if out and down:
+        raise NodeLost(f"the batch with request_id {request_id[:80]!r} made {len(out)} "
+                       f"sandboxes on the nodes that answer; node(s) {', '.join(down[:8])} "
+                       "did not, and may hold the rest: retry when they are back, or use "
+                       "another request_id for new sandboxes")
     return out
 
 
@@ -177,7 +188,7 @@ async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], l
     if missing:
         why = f"{len(missing)} of {req.count} fit on no node: {_why_not(gw, spec, 1)}"
         errors += [f"item {i}: capacity: {why}" for i in missing]
-    return [made[i] for i in sorted(made)], errors
+    return [made[i] for i in wanted if i in made], errors  # not an earlier attempt's others
 
 
 def _why_not(gw, spec, count: int) -> str:

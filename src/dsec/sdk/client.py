@@ -11,13 +11,14 @@ from urllib.parse import quote
 
 import httpx
 
-from dsec.api.errors import InvalidArgument, error_from_wire
+from dsec.api.errors import InvalidArgument, NodeLost, error_from_wire
 from dsec.api.fncall import (FnCallBatch, FnCallBatchResult, FnCallRequest, FnCallResult,
                              Language)
 from dsec.api.models import (CreateManyRequest, CreateManyResponse, ImageSummary, NodeInfo,
                              SandboxInfo, SandboxList, SandboxSpec, validated)
 from dsec.sdk.boundary import guarded, lines, parse, raise_for_status, translate
 from dsec.sdk.jobs import AsyncJobs
+from dsec.sdk.listing import Listing
 from dsec.sdk.projects import AsyncProjects
 from dsec.sdk.sandbox import AsyncSandbox
 from dsec.sdk.transport import FastTransport
@@ -220,14 +221,17 @@ class AsyncClient:
         return await self.get(sandbox_id)
 
     async def list(self, job: str | None = None,
-                   labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        """Sandboxes, optionally only a job's or those carrying every given label."""
+                   labels: dict[str, str] | None = None) -> Listing[SandboxInfo]:
+        """Sandboxes, optionally only a job's or those carrying every given label. On a
+        cluster, nodes that did not answer are named in the result's ``unreachable``
+        (their sandboxes are not in it)."""
         params: list[tuple[str, str]] = []
         if job is not None:
             params.append(("job", job))
         params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
         resp = await self._request("GET", "/v1/sandboxes", params=params)
-        return parse(SandboxList, resp).sandboxes
+        page = parse(SandboxList, resp)
+        return Listing(page.sandboxes, page.unreachable)
 
     async def images(self) -> list[ImageSummary]:
         """Images (tags) the server knows."""
@@ -246,7 +250,9 @@ class AsyncClient:
         return parse(list[NodeInfo], resp)
 
     async def stop_all(self, job: str | None = None) -> int:
-        """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
+        """Stop every sandbox (of ``job``, if given); returns how many were stopped.
+        Raises :class:`NodeLost`, after stopping the others, when nodes of the cluster did
+        not answer: their sandboxes were not stopped (call it again when they are back)."""
         infos = await self.list(job=job)
         gate = asyncio.Semaphore(32)  # thousands at once would only queue up on the server
 
@@ -254,6 +260,10 @@ class AsyncClient:
             async with gate:
                 await self._request("DELETE", f"/v1/sandboxes/{sb_id}")
         await asyncio.gather(*(stop(i.id) for i in infos))
+        if infos.unreachable:
+            raise NodeLost(f"stopped {len(infos)} sandboxes, but node(s) "
+                           f"{', '.join(infos.unreachable)} did not answer: their sandboxes "
+                           "were not stopped; call stop_all again when they are back")
         return len(infos)
 
     # ---- stateless calls (the fncall backend) ----

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from dsec.api.models import validated
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
 from dsec.sdk.boundary import guarded, parse
+from dsec.sdk.listing import Listing
 from dsec.sdk.sandbox import AsyncSandbox
 
 if TYPE_CHECKING:
@@ -22,10 +23,12 @@ class AsyncJobs:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    async def list(self) -> list[JobInfo]:
-        """Every job with sandboxes or a lease, with counts by state and usage."""
+    async def list(self) -> Listing[JobInfo]:
+        """Every job with sandboxes or a lease, with counts by state and usage; on a
+        cluster, ``unreachable`` names the nodes that did not answer."""
         resp = await self._client._request("GET", "/v1/jobs")
-        return parse(JobList, resp).jobs
+        page = parse(JobList, resp)
+        return Listing(page.jobs, page.unreachable)
 
     async def get(self, job: str) -> JobInfo:
         resp = await self._client._request("GET", f"/v1/jobs/{job}")
@@ -47,7 +50,8 @@ class AsyncJobs:
         return parse(JobInfo, resp)
 
     async def stop(self, job: str) -> None:
-        """Stop every sandbox of the job and drop its lease."""
+        """Stop every sandbox of the job and drop its lease. :class:`NodeLost` when nodes
+        did not answer: the job's sandboxes there still run."""
         await self._client._request("DELETE", f"/v1/jobs/{job}", timeout=None)
 
     async def heartbeat(self, job: str, lease_s: float = 60.0,

@@ -9,6 +9,7 @@ from dsec.api.models import ExecEvent, ExecResult, FileInfo, ImageSummary, NodeI
 from dsec.api.process import ProcessInfo
 from dsec.api.projects import AuditEntry, ProjectInfo, Quota, Role, TokenCreated, TokenInfo, Usage
 from dsec.api.rl import AuditRecord, JobInfo, NetworkStatus, TrajectoryPage
+from dsec.sdk.listing import Listing
 from dsec.sdk.process import OutputCallback
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
@@ -45,8 +46,10 @@ class Client:
         """The sandbox with this id (it may have been created by another client)."""
     def attach(self, sandbox_id: str) -> Sandbox:
         """Reconnect to a running sandbox, e.g. after the trainer was preempted."""
-    def list(self, job: str | None = None, labels: dict[str, str] | None = None) -> builtins.list[SandboxInfo]:
-        """Sandboxes, optionally only a job's or those carrying every given label."""
+    def list(self, job: str | None = None, labels: dict[str, str] | None = None) -> Listing[SandboxInfo]:
+        """Sandboxes, optionally only a job's or those carrying every given label. On a
+        cluster, nodes that did not answer are named in the result's ``unreachable``
+        (their sandboxes are not in it)."""
     def images(self) -> builtins.list[ImageSummary]:
         """Images (tags) the server knows."""
     def remove_image(self, name: str) -> None:
@@ -56,7 +59,9 @@ class Client:
         """Nodes of the cluster with their load; one the gateway counts lost has
         ``healthy=False``, its last answer's figures and ``problem`` (why)."""
     def stop_all(self, job: str | None = None) -> int:
-        """Stop every sandbox (of ``job``, if given); returns how many were stopped."""
+        """Stop every sandbox (of ``job``, if given); returns how many were stopped.
+        Raises :class:`NodeLost`, after stopping the others, when nodes of the cluster did
+        not answer: their sandboxes were not stopped (call it again when they are back)."""
     def fncall(self, fn: str | Callable[..., Any], *args: Any, language: Language = 'python', image: str = 'python:3.11', kwargs: dict[str, Any] | None = None, argv: builtins.list[str] | None = None, stdin: bytes | str | None = None, files: dict[str, bytes] | None = None, return_files: builtins.list[str] | None = None, env: dict[str, str] | None = None, timeout: float = 10.0, cpu_time_s: float | None = None, memory_mb: int = 256, disk_mb: int = 64, pids: int = 64, max_output: int = 1048576, compile_args: builtins.list[str] | None = None) -> Any:
         """Run ``fn`` once in a clean, pooled, isolated worker."""
     def fncall_many(self, calls: builtins.list[str | FnCallRequest | Callable[..., Any]], *, language: Language = 'python', image: str = 'python:3.11', timeout: float = 10.0, memory_mb: int = 256, disk_mb: int = 64) -> builtins.list[FnCallResult]:
@@ -107,8 +112,9 @@ class Input:
 
 class Jobs:
     """The jobs of a cluster: every sandbox created with ``job=name`` belongs to ``name``."""
-    def list(self) -> builtins.list[JobInfo]:
-        """Every job with sandboxes or a lease, with counts by state and usage."""
+    def list(self) -> Listing[JobInfo]:
+        """Every job with sandboxes or a lease, with counts by state and usage; on a
+        cluster, ``unreachable`` names the nodes that did not answer."""
     def get(self, job: str) -> JobInfo:
         ...
     def attach(self, job: str) -> builtins.list[Sandbox]:
@@ -119,7 +125,8 @@ class Jobs:
     def resume(self, job: str) -> JobInfo:
         """Thaw every paused sandbox of the job at once."""
     def stop(self, job: str) -> None:
-        """Stop every sandbox of the job and drop its lease."""
+        """Stop every sandbox of the job and drop its lease. :class:`NodeLost` when nodes
+        did not answer: the job's sandboxes there still run."""
     def heartbeat(self, job: str, lease_s: float = 60.0, stop_after_s: float | None = 3600.0) -> JobInfo:
         """Renew the job's lease: without a heartbeat for ``lease_s`` the job is paused,
         and ``stop_after_s`` after that, stopped."""

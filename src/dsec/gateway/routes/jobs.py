@@ -7,7 +7,7 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import DSecError, NodeLost, NotFound
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
 from dsec.gateway.routes.common import gateway_of
 from dsec.gateway.spread import healthy_clients
@@ -18,27 +18,48 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/jobs")
 
 
-async def _all(request: Request) -> list[JobInfo]:
-    clients, _ = healthy_clients(gateway_of(request))
-    parts = await asyncio.gather(*(c.jobs() for c in clients))
-    return merge_job_infos([{j.job: j for j in part} for part in parts])
+async def _fan_out(request: Request, verb: str, *args) -> tuple[list, list[str]]:
+    """``verb`` of every healthy node's client: the answers, and the nodes that did not
+    answer (left out before, or failing now), named rather than failing the whole call."""
+    clients, down = healthy_clients(gateway_of(request))
+    got = await asyncio.gather(*(getattr(c, verb)(*args) for c in clients),
+                               return_exceptions=True)
+    answers = []
+    for c, r in zip(clients, got):
+        if isinstance(r, DSecError):
+            down.append(c.node_id)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            answers.append(r)
+    return answers, down
 
 
-async def _one(request: Request, job: str) -> JobInfo:
-    found = [j for j in await _all(request) if j.job == job]
+async def _all(request: Request) -> JobList:
+    parts, down = await _fan_out(request, "jobs")
+    return JobList(jobs=merge_job_infos([{j.job: j for j in part} for part in parts]),
+                   unreachable=down)
+
+
+async def _one(request: Request, job: str, down: list[str] = ()) -> JobInfo:
+    jobs = await _all(request)
+    found = [j for j in jobs.jobs if j.job == job]
+    unreachable = sorted({*down, *jobs.unreachable})
     if not found:
-        raise NotFound(f"job {job!r} has no sandboxes and no lease")
-    return found[0]
+        raise NotFound(f"job {job!r} has no sandboxes and no lease" + (
+            f" on the nodes that answer ({', '.join(unreachable)} did not)"
+            if unreachable else ""))
+    return found[0].model_copy(update={"unreachable": unreachable})
 
 
-async def _each(request: Request, verb: str, *args) -> None:
-    clients, _ = healthy_clients(gateway_of(request))
-    await asyncio.gather(*(getattr(c, verb)(*args) for c in clients))
+async def _each(request: Request, verb: str, *args) -> list[str]:
+    """``verb`` on every node; the nodes it may not have reached."""
+    return (await _fan_out(request, verb, *args))[1]
 
 
 @router.get("", response_model=JobList)
 async def list_jobs(request: Request) -> JobList:
-    return JobList(jobs=await _all(request))
+    return await _all(request)
 
 
 @router.get("/{job}", response_model=JobInfo)
@@ -48,22 +69,23 @@ async def get_job(request: Request, job: str) -> JobInfo:
 
 @router.post("/{job}/pause", response_model=JobInfo)
 async def pause(request: Request, job: str) -> JobInfo:
-    await _each(request, "job_pause", job)
-    return await _one(request, job)
+    return await _one(request, job, await _each(request, "job_pause", job))
 
 
 @router.post("/{job}/resume", response_model=JobInfo)
 async def resume(request: Request, job: str) -> JobInfo:
-    await _each(request, "job_resume", job)
-    return await _one(request, job)
+    return await _one(request, job, await _each(request, "job_resume", job))
 
 
 @router.delete("/{job}", status_code=204)
 async def stop(request: Request, job: str) -> None:
-    await _each(request, "job_stop", job)
+    if down := await _each(request, "job_stop", job):
+        raise NodeLost(f"job {job!r} stopped on the nodes that answer; node(s) "
+                       f"{', '.join(down)} did not: its sandboxes there still run (stop it "
+                       "again when they are back)")
 
 
 @router.post("/{job}/heartbeat", response_model=JobInfo)
 async def heartbeat(request: Request, job: str, req: HeartbeatRequest) -> JobInfo:
-    await _each(request, "job_heartbeat", job, req.lease_s, req.stop_after_s)
-    return await _one(request, job)
+    down = await _each(request, "job_heartbeat", job, req.lease_s, req.stop_after_s)
+    return await _one(request, job, down)
