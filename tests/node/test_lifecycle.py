@@ -151,3 +151,29 @@ async def test_idle_ttl_counts_a_running_exec_as_activity_and_its_end_too(client
             await sb.stop()
         except dsec.NotFound:
             pass
+
+
+async def test_request_id_makes_retries_return_the_first_sandboxes_and_nothing_else(client):
+    """Real containers: a retried create or batch returns what the first attempt made; a
+    retry asking for another sandbox (another size) with the same key is a Conflict, not
+    the first one handed over; a shorter batch retry returns only the items it asks for."""
+    key = f"lifecycle-{time.monotonic_ns()}"
+    one = await client.create(memory_mb=64, request_id=key)
+    try:
+        assert (await client.create(memory_mb=64, request_id=key)).id == one.id
+        with pytest.raises(dsec.Conflict, match="memory_mb 64, not 128"):
+            await client.create(memory_mb=128, request_id=key)
+        batch = await client.create_many(3, memory_mb=64, request_id=key + "-b")
+        again = await client.create_many(3, memory_mb=64, request_id=key + "-b")
+        assert [s.id for s in again] == [s.id for s in batch]
+        fewer = await client.create_many(2, memory_mb=64, request_id=key + "-b")
+        assert [s.id for s in fewer] == [s.id for s in batch[:2]]
+        with pytest.raises(dsec.Conflict, match="memory_mb 64, not 128"):
+            await client.create_many(3, memory_mb=128, request_id=key + "-b")
+        listed = await client.list()
+        assert sum(i.request_id is not None and i.request_id.startswith(key)
+                   for i in listed) == 4  # the single create and the batch's 3, no more
+    finally:
+        ours = [i for i in await client.list() if (i.request_id or "").startswith(key)]
+        for info in ours:
+            await (await client.get(info.id)).stop()

@@ -3,7 +3,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit
+from dsec.placement.admission import AdmissionPolicy, NodeLoad, admit, room
 from dsec.placement.choose import choose_node, refusal
 
 
@@ -70,3 +70,13 @@ def test_a_refusal_names_the_limit_that_was_hit():
     assert "MiB reserved of 8192" in msg and "CPUs reserved" not in msg
     assert "no 'fncall' backend" in refusal([mem_bound], "fncall", 64, 1)
     assert "there are no nodes" in refusal([], "container", 64, 1)
+
+
+def test_a_refusal_counts_what_this_gateway_just_placed():
+    """Room the loads show, taken by placements they do not show yet, is no "retry"."""
+    n = node(1)
+    free = room(n, "container", 100, 0.1, AdmissionPolicy())
+    assert "has room again; retry" in refusal([n], "container", 100, 0.1)
+    msg = refusal([n], "container", 100, 0.1, pending={"node-1": free})
+    assert "retry" not in msg and f"full with the {free} sandbox(es) just placed" in msg
+    assert "has room again" in refusal([n], "container", 100, 0.1, pending={"node-1": free - 1})

@@ -19,6 +19,7 @@ from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, che
                              check_env, check_labels, check_path, check_user)
 
 __all__ = [
+    "retry_mismatch",
     "Backend",
     "SandboxState",
     "NetworkPolicy",
@@ -470,3 +471,19 @@ class InputRequest(_Request):
                             description="a chord of key names pressed together, e.g. ['ctrl','c']")
     click: tuple[int, int] | None = Field(None, description="(x, y) in screen pixels to click")
     button: Literal["left", "right", "middle"] = Field("left", description="mouse button")
+
+
+KEYED_FIELDS = ("backend", "image", "cpu", "memory_mb", "disk_mb", "job")
+
+
+def retry_mismatch(spec: SandboxSpec, made: SandboxSpec | SandboxInfo) -> str | None:
+    """How a create retried with a ``request_id`` asks for another sandbox than the one
+    that key made (``made``), or None: a retry must ask for the same, or it would be
+    handed a sandbox it did not ask for. Pure."""
+    diff = [f"{f} {getattr(made, f)!r}, not {getattr(spec, f)!r}" for f in KEYED_FIELDS
+            if getattr(made, f) != getattr(spec, f)]
+    if not diff:
+        return None
+    return (f"request_id {str(spec.request_id)[:80]!r} made a sandbox with "
+            f"{'; '.join(diff)}: a retry sends the same spec; use another request_id for "
+            "another sandbox")

@@ -95,5 +95,5 @@ class Placer:
         return [(clients[k], n) for k, n in shares.items()], left
 
     def why_not(self, backend: str, memory_mb: int, cpu: float, count: int = 1) -> str:
-        loads, _ = self._loads()
-        return refusal(loads, backend, memory_mb, cpu, count, self.policy)
+        loads, pending = self._loads()
+        return refusal(loads, backend, memory_mb, cpu, count, self.policy, pending=pending)

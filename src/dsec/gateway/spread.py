@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from dsec.api.errors import Capacity, DSecError, NodeLost
+from dsec.api.errors import Capacity, Conflict, DSecError, NodeLost
 from dsec.api.models import (CreateManyRequest, NodeInfo, SandboxInfo, SandboxList,
-                             SandboxSpec)
+                             SandboxSpec, retry_mismatch)
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
 
@@ -152,6 +152,9 @@ async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], l
     made: dict[int, SandboxInfo] = {}
     if req.request_id is not None:
         made = await _existing(gw, req.request_id)
+        for info in made.values():
+            if why := retry_mismatch(spec, info):
+                raise Conflict(why)
     errors: list[str] = []
     missing = [i for i in wanted if i not in made]
     refused: set[str] = set()

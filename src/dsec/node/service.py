@@ -18,14 +18,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from dsec.api import limits
-from dsec.api.errors import (Capacity, DSecError, Forbidden, InvalidArgument, NotFound,
-                             SandboxStopped, Unsupported)
+from dsec.api.errors import (Capacity, Conflict, DSecError, Forbidden, InvalidArgument,
+                             NotFound, SandboxStopped, Unsupported)
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.process import ProcessInfo, ProcessRequest
 from dsec.api.scope import caller_scope, visible
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, ImageSummary, InputRequest,
                              NodeInfo, PackDiffRequest, SandboxInfo, SandboxSpec, ShellInfo,
-                             ShellRunRequest)
+                             ShellRunRequest, retry_mismatch)
 from dsec.node import metrics
 from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import Backend, SandboxRecord
@@ -351,10 +351,15 @@ class NodeService:
             return await self._create(spec)
         key = _request_key(spec)  # keys are per project: another's cannot collide
         if (rec := self._existing(key)) is not None:
+            if why := retry_mismatch(spec, rec.spec):
+                raise Conflict(why)
             return self.info(rec)
         pending = self._requests.get(key)
         if pending is not None:
-            return await asyncio.shield(pending)
+            info = await asyncio.shield(pending)
+            if why := retry_mismatch(spec, info):
+                raise Conflict(why)
+            return info
         task = asyncio.ensure_future(self._create(spec))
         task.add_done_callback(lambda t: self._remember(key, t))
         self._requests[key] = task

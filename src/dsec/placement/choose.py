@@ -50,16 +50,25 @@ def choose_node(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: fl
 
 def refusal(loads: Sequence[NodeLoad], backend: str, memory_mb: int, cpu: float,
             count: int = 1, policy: AdmissionPolicy = AdmissionPolicy(),
-            exclude: frozenset[str] = frozenset()) -> str:
+            exclude: frozenset[str] = frozenset(),
+            pending: Mapping[str, int] | None = None) -> str:
     """Why no node can take ``count`` sandboxes of this size: each node's own reason, so
-    the caller learns which limit (memory, CPUs, sandboxes, backend) to change."""
+    the caller learns which limit (memory, CPUs, sandboxes, backend) to change. A node
+    the loads show room on, taken by this gateway's placements they do not show yet
+    (``pending``), says so: not "has room again; retry". Pure."""
     reasons = []
+    pending = pending or {}
     for n in loads:
+        placed = pending.get(n.node_id, 0)
         if n.node_id in exclude:
             reasons.append(f"node {n.node_id} refused it already")
+        elif why := admit(n, backend, memory_mb, cpu, policy, count=count):
+            reasons.append(why)
+        elif placed and room(n, backend, memory_mb, cpu, policy) - placed < count:
+            reasons.append(f"node {n.node_id} is full with the {placed} sandbox(es) just "
+                           "placed on it")
         else:
-            reasons.append(admit(n, backend, memory_mb, cpu, policy, count=count)
-                           or f"node {n.node_id} has room again; retry")
+            reasons.append(f"node {n.node_id} has room again; retry")
     head = f"no node can take {count} {backend} sandbox(es) of {cpu:g} CPU and {memory_mb} MiB"
     return f"{head}: " + ("; ".join(reasons) if reasons else "there are no nodes")
 
