@@ -172,3 +172,18 @@ async def test_bad_node_urls_are_left_out_with_why_and_the_good_ones_served(
         assert all(url in logged for url in bad.values())
     finally:
         await cluster.close()
+
+
+async def test_a_request_this_side_cannot_build_does_not_get_the_node_distrusted(liar):
+    """Odd input a caller sent (here a path httpx refuses) fails before anything reaches
+    the node: that is no answer of the node's, so the node stays trusted."""
+    client = HttpNodeClient("node-liar", liar, "cluster-credential")
+    w = Watcher(Cluster(client), timeout_s=2.0)
+    try:
+        await w.refresh()
+        with pytest.raises(Exception) as caught:
+            await client.get("sb-liar-\ud800")
+        assert not isinstance(caught.value, NodeLost)
+        assert w.healthy("node-liar")
+    finally:
+        await client.close()

@@ -23,6 +23,7 @@ import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from urllib.parse import quote
 
 import httpx
@@ -51,6 +52,10 @@ NODE_KEEPALIVE_S = 30.0  # ...well before a node's server closes one (uvicorn's 
 CONNECT_S = 3.0
 IDEMPOTENT = {"GET", "HEAD", "DELETE", "PUT"}
 STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+# set once the node's answer to the request under way came back (see _checked)
+_ANSWERED: ContextVar[bool] = ContextVar("dsec_node_answered", default=False)
 
 
 def _makes_sandboxes(request) -> bool:
@@ -220,6 +225,7 @@ class HttpNodeClient:
 
         resp = await self._retried(once, method in IDEMPOTENT and (
             "content" not in kw or isinstance(kw["content"], bytes)))
+        _ANSWERED.set(True)
         if resp.status_code >= 400:
             if stream:
                 await resp.aread()
@@ -240,6 +246,7 @@ class HttpNodeClient:
         status, content = await self._retried(lambda: self._transport.exchange(
             method, self._url(path), headers, body or b"", timeout or self._timeout),
             method in IDEMPOTENT)
+        _ANSWERED.set(True)
         if status >= 400:
             raise self._error(status, content)
         return content
@@ -560,13 +567,18 @@ def _checked(verb):
     naming it, not the gateway's (a 500)."""
     @functools.wraps(verb)
     async def call(self: HttpNodeClient, *args, **kw):
+        mark = _ANSWERED.set(False)
         try:
             return await verb(self, *args, **kw)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError,
                 StopIteration) as exc:
-            if isinstance(exc, DSecError):  # InvalidArgument is a ValueError
+            # only what the node answered is held against it: a request this side could
+            # not even build (a caller's odd input) must not get a node distrusted
+            if isinstance(exc, DSecError) or not _ANSWERED.get():
                 raise
             raise self._untrusted(exc) from exc
+        finally:
+            _ANSWERED.reset(mark)
     return call
 
 
