@@ -184,3 +184,16 @@ async def test_json_nested_past_the_stack_is_a_400_on_every_route(tmp_path, node
             assert "x-request-id" in r.headers
         for sb_id in list(node.records):
             await node.stop(sb_id)
+
+
+async def test_a_long_id_is_quoted_shortened_in_errors(pair):
+    """A 5000-character id (of no node, or of this node but no sandbox) is not echoed
+    whole, whichever layer refuses it."""
+    (fast, sb), _ = pair
+    for bad in ("sb-" + "x" * 5000, sb + "x" * 5000):
+        for method, path in (("GET", "/v1/sandboxes/{}"), ("GET", "/v1/sandboxes/{}/nope"),
+                             ("DELETE", "/v1/sandboxes/{}"),
+                             ("GET", "/v1/sandboxes/{}/processes/7")):
+            r = await fast.request(method, path.format(bad))
+            assert r.status_code == 404, r.text[:200]
+            assert len(r.json()["error"]["message"]) < 400, (path, r.text[:200])

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from dsec.api import limits
 from dsec.api.models import describe
 from dsec.api.errors import (DSecError, Internal, InvalidArgument, NotFound, TooLarge,
-                             Unauthorized)
+                             Unauthorized, shorten)
 
 __all__ = ["RequestGuard", "install_error_handlers", "TOO_DEEP"]
 
@@ -61,14 +61,15 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = exc.detail
         if isinstance(exc.__cause__, RecursionError):  # FastAPI says only "error parsing"
             detail = TOO_DEEP
-        body = cls(f"{request.method} {request.url.path}: {detail}").to_wire()
+        body = cls(f"{request.method} {shorten(request.url.path)}: {detail}").to_wire()
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _response(Internal(f"{request.method} {request.url.path} failed unexpectedly "
-                                  f"({type(exc).__name__}); the server log has the details"))
+        return _response(Internal(f"{request.method} {shorten(request.url.path)} failed "
+                                  f"unexpectedly ({type(exc).__name__}); the server log has "
+                                  "the details"))
 
 
 def _url_problem(scope) -> str | None:
