@@ -29,3 +29,21 @@ def test_statuses_are_distinct_per_meaning():
 def test_unknown_shape_becomes_internal():
     err = error_from_wire("<html>", 502)
     assert isinstance(err, dsec.Internal) and "502" in err.message
+
+
+def test_shorten_cuts_long_values_and_says_how_long():
+    from dsec.api.errors import shorten
+    assert shorten("sb-1") == "sb-1"
+    out = shorten("x" * 5000)
+    assert out.startswith("x" * 100) and out.endswith("… (5000 characters)") and len(out) < 130
+
+
+def test_a_file_error_names_a_long_path_shortened():
+    import errno
+
+    from dsec.api.errors import InvalidArgument
+    from dsec.node.host.rooted import _Errors
+    with pytest.raises(InvalidArgument, match="File name too long") as err:
+        with _Errors("/" + "x" * 10_000):
+            raise OSError(errno.ENAMETOOLONG, "File name too long")
+    assert len(str(err.value)) < 200

@@ -46,3 +46,27 @@ def test_at_most_64_protected_paths():
 
 def test_grading_is_off_by_default():
     assert ExecRequest(cmd="true").grading is False
+
+
+@pytest.mark.parametrize("model,field", [
+    ("dsec.api.models:SandboxSpec", "ttl_s"),
+    ("dsec.api.models:SandboxSpec", "idle_ttl_s"),
+    ("dsec.api.models:SandboxSpec", "idle_reclaim_s"),
+    ("dsec.api.process:ProcessRequest", "timeout"),
+    ("dsec.api.process:TimeoutRequest", "timeout_s"),
+    ("dsec.api.rl:HeartbeatRequest", "stop_after_s"),
+])
+def test_seconds_past_30_days_are_refused_naming_the_maximum(model, field):
+    """ttl_s=1e300 once made a sandbox expiring at 1e300; every such field has one bound."""
+    import importlib
+
+    from dsec.api.errors import InvalidArgument
+    from dsec.api.models import validated
+    MAX_LIFE_S = 30 * 86400.0  # limits.MAX_LIFE_S, as the README states it
+    mod, _, name = model.partition(":")
+    cls = getattr(importlib.import_module(mod), name)
+    extra = {"cmd": "true"} if name == "ProcessRequest" else {}
+    assert getattr(validated(cls, **{field: MAX_LIFE_S}, **extra), field) == MAX_LIFE_S
+    for bad in (MAX_LIFE_S + 1, 1e300):
+        with pytest.raises(InvalidArgument, match=f"{field}: .*{MAX_LIFE_S:.0f}"):
+            validated(cls, **{field: bad}, **extra)

@@ -116,3 +116,22 @@ def test_a_taken_port_ends_it_with_nothing_left_mounted(root):
     assert r.returncode != 0
     assert "address already in use" in r.stderr
     assert not mounts_under(root / "node")  # its sandboxes dir was a mount of its own
+
+
+def test_the_gateways_first_start_message_names_flags_the_node_clis_take(tmp_path, capsys,
+                                                                          monkeypatch):
+    """It once told people to start node agents with --cluster-token, which only
+    dsec.cluster.ray takes; dsec.cluster.agent takes --cluster-token-file."""
+    import re
+
+    from dsec.cluster import agent, ray
+    from dsec.gateway.server import cluster_credential
+    monkeypatch.delenv("DSEC_CLUSTER_TOKEN", raising=False)
+    cluster_credential(tmp_path)
+    said = capsys.readouterr().out
+    named = re.findall(r"python -m (dsec\.cluster\.\w+) (--[\w-]+)", said)
+    assert {m for m, _ in named} == {"dsec.cluster.agent", "dsec.cluster.ray"}, said
+    for module, flag in named:
+        with pytest.raises(SystemExit):
+            {"dsec.cluster.agent": agent, "dsec.cluster.ray": ray}[module].main(["--help"])
+        assert flag in capsys.readouterr().out, (module, flag)

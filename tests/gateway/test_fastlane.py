@@ -161,3 +161,39 @@ def test_a_route_with_a_query_parameter_cannot_be_hot():
     with pytest.raises(TypeError, match="query"):
         _Plan.of(router.routes[0])
 
+
+
+DEEP = b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+
+
+@pytest.mark.parametrize("node_api", [False, True], ids=["gateway", "node api"])
+async def test_json_nested_past_the_stack_is_a_400_on_every_route(tmp_path, node_api):
+    """json.loads raises RecursionError, not ValueError, for such a body: the lane must
+    hand it on, and the router's bare "error parsing the body" must say why."""
+    node = await open_simulated_node(tmp_path / "n")
+    app = create_app(LocalCluster(node), TOKEN, node_api=node_api)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t",
+            headers={"authorization": f"Bearer {TOKEN}"}) as c:
+        sb = (await c.post("/v1/sandboxes", json=SPEC)).json()["id"]
+        for path in ("/v1/sandboxes", f"/v1/sandboxes/{sb}/exec", "/v1/sandboxes/batch"):
+            r = await c.post(path, content=DEEP, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"]["code"] == "invalid_argument"
+            assert "nested too deeply" in r.json()["error"]["message"]
+            assert "x-request-id" in r.headers
+        for sb_id in list(node.records):
+            await node.stop(sb_id)
+
+
+async def test_a_long_id_is_quoted_shortened_in_errors(pair):
+    """A 5000-character id (of no node, or of this node but no sandbox) is not echoed
+    whole, whichever layer refuses it."""
+    (fast, sb), _ = pair
+    for bad in ("sb-" + "x" * 5000, sb + "x" * 5000):
+        for method, path in (("GET", "/v1/sandboxes/{}"), ("GET", "/v1/sandboxes/{}/nope"),
+                             ("DELETE", "/v1/sandboxes/{}"),
+                             ("GET", "/v1/sandboxes/{}/processes/7")):
+            r = await fast.request(method, path.format(bad))
+            assert r.status_code == 404, r.text[:200]
+            assert len(r.json()["error"]["message"]) < 400, (path, r.text[:200])

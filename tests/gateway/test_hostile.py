@@ -212,3 +212,21 @@ def test_a_shell_that_exited_answers_stopped_not_500(http, sb_id):
     assert first.status_code == 410, first.text
     again = http.post(run, json={"cmd": "echo hi", "timeout": 3})
     assert again.status_code == 410 and "open a new shell" in again.json()["error"]["message"]
+
+
+# ---- terminal control frames ----
+
+@pytest.mark.parametrize("text", ['{"resize":' + "[" * 5000 + "]" * 5000 + "}", "{", "[1]",
+                                  '{"resize": [0, 80]}', '{"resize": [24]}', '"x"'],
+                         ids=["nested", "not JSON", "not an object", "zero rows", "one number",
+                              "a string"])
+def test_a_bad_terminal_control_frame_is_invalid_naming_the_shape(text):
+    from dsec.api.errors import InvalidArgument
+    from dsec.gateway.routes.streams import _resize
+    with pytest.raises(InvalidArgument, match="resize|rows"):
+        _resize(text)
+
+
+def test_a_terminal_resize_frame_gives_rows_and_cols():
+    from dsec.gateway.routes.streams import _resize
+    assert _resize('{"resize": [30, 100]}') == (30, 100)

@@ -97,3 +97,15 @@ def test_php_tag_and_junit_class_name():
     assert source_for("php", "<?php echo 1;")[1] == "<?php echo 1;"
     assert source_for("junit", "public class FooTest {}")[0] == "FooTest.java"
     assert source_for("scala", "println(1)")[2] == "Object name not found."
+
+
+async def test_json_nested_past_the_stack_answers_422_not_500():
+    from dsec.integrations.sandboxfusion.routes import _parse
+
+    class Deep:
+        async def body(self):
+            return b'{"code":' + b"[" * 5000 + b"]" * 5000 + b"}"
+
+    resp = await _parse(Deep())
+    assert resp.status_code == 422
+    assert b"nested too deeply" in resp.body

@@ -220,3 +220,40 @@ def test_garbage_answers_raise_only_dsec_errors(canned, tmp_path, answer):
     url = f"http://127.0.0.1:{canned.server_address[1]}"
     escaped = asyncio.run(_only_dsec_errors(url, tmp_path))
     assert not escaped, escaped
+
+
+def _tar() -> bytes:
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for i in range(10):
+            info = tarfile.TarInfo(f"f{i}")
+            tf.addfile(info, io.BytesIO(b""))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("call", [
+    lambda f: f.upload_tar("/tmp/up", _tar()),  # swapped: (data, path)
+    lambda f: f.upload_tar(12, "/tmp/up"),
+    lambda f: f.write(b"/tmp/a", b"x"),
+    lambda f: f.write("/tmp/a", 12),
+    lambda f: f.read(None),
+    lambda f: f.upload(12, "/tmp/a"),
+    lambda f: f.download("/tmp/a", 12),
+    lambda f: f.upload_dir("/tmp", _tar()),
+], ids=["upload_tar swapped", "upload_tar int", "write bytes path", "write int data",
+        "read None", "upload int", "download int", "upload_dir bytes path"])
+async def test_files_arguments_of_the_wrong_type_are_refused_before_sending(call):
+    """A closed port: anything sent would raise Unavailable, not InvalidArgument."""
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}", "t", timeout=5) as client:
+        with pytest.raises(dsec.InvalidArgument) as err:
+            await call(AsyncSandbox(client, INFO).files)
+        assert len(str(err.value)) < 300, str(err.value)
+
+
+async def test_upload_tar_takes_a_file_object_too():
+    import io
+    async with AsyncClient(f"http://127.0.0.1:{free_port()}", "t", timeout=5) as client:
+        with pytest.raises(dsec.Unavailable):
+            await AsyncSandbox(client, INFO).files.upload_tar(io.BytesIO(_tar()), "/tmp/up")

@@ -28,6 +28,7 @@ __all__ = [
     "Internal",
     "ERROR_TABLE",
     "error_from_wire",
+    "shorten",
 ]
 
 
@@ -180,3 +181,13 @@ def error_from_wire(body: object, status: int) -> DSecError:
     if status == 422 or status == 400:
         return InvalidArgument(str(body))
     return Internal(f"HTTP {status}: {body}")
+
+
+def shorten(value: object, limit: int = 100) -> str:
+    """``value`` as text for an error message, cut to about ``limit`` characters: an id or
+    path a caller sent may be megabytes long, and a message echoing it whole buries the
+    point (and the logs)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"

@@ -18,11 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["RequestLimits", "DEFAULT_LIMITS", "RequestModel", "active", "configure",
            "string_problem", "check_env", "check_argv", "check_cmd", "check_path",
-           "check_labels", "check_user", "AGENT_MAX_ARGS", "AGENT_MAX_FRAME", "UID_MAX"]
+           "check_labels", "check_user", "AGENT_MAX_ARGS", "AGENT_MAX_FRAME", "UID_MAX",
+           "MAX_LIFE_S"]
 
 AGENT_MAX_ARGS = 4096     # argv and env entries the agent parses (agent.c MAX_ARGS)
 AGENT_MAX_FRAME = 1 << 20  # bytes of one agent frame (agent.c MAX_FRAME)
 UID_MAX = (1 << 32) - 2   # (uid_t)-1 means "unchanged" to setresuid: never a real id
+# seconds a sandbox may be set to live, stay idle or run a background process: 30 days.
+# Longer is a mistake, not a need (None means no limit), and 1e300 reached expires_at.
+MAX_LIFE_S = 30 * 86400.0
 
 
 class RequestLimits(BaseModel):

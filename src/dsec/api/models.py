@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dsec.api.projects import check_project_path
-from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, check_cmd,
-                             check_env, check_labels, check_path, check_user)
+from dsec.api.limits import (DEFAULT_LIMITS as _L, MAX_LIFE_S, RequestModel, check_argv,
+                             check_cmd, check_env, check_labels, check_path, check_user)
 
 __all__ = [
     "retry_mismatch",
@@ -124,14 +124,17 @@ class SandboxSpec(_Request):
     disk_mb: int = Field(1024, ge=1, le=1 << 20,
                          description="size limit of the writable layer in MiB")
     pids: int = Field(512, ge=8, le=32768, description="maximum number of processes")
-    ttl_s: float | None = Field(3600.0, gt=0, description="maximum life; None for no limit")
-    idle_ttl_s: float | None = Field(None, gt=0,
-                                     description="stop (or pause) after this long with no request")
+    ttl_s: float | None = Field(3600.0, gt=0, le=MAX_LIFE_S,
+                                description="maximum life in seconds, at most 30 days "
+                                            "(limits.MAX_LIFE_S); None for no limit")
+    idle_ttl_s: float | None = Field(None, gt=0, le=MAX_LIFE_S,
+                                     description="stop (or pause) after this long with no "
+                                                 "request; at most 30 days")
     on_idle: Literal["stop", "pause"] = Field("stop", description="what idle_ttl_s does")
     idle_reclaim_s: float | None = Field(
-        None, ge=0, le=1e9, description="after this long with no request, its cold memory is "
-                                        "pushed to swap while it runs; None: the node's "
-                                        "default; 0: never")
+        None, ge=0, le=MAX_LIFE_S,
+        description="after this long with no request, its cold memory is pushed to swap "
+                    "while it runs; None: the node's default; 0: never")
     cpu_class: Literal["latency", "best_effort"] = Field(
         "latency", description="'latency': its cores when it wants them; 'best_effort': runs "
                                "SCHED_IDLE on what latency-class sandboxes leave idle")

@@ -14,13 +14,13 @@ import signal as _signal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dsec.api.limits import RequestModel
+from dsec.api.limits import MAX_LIFE_S, RequestModel
 from dsec.api.models import ExecRequest, ExecResult
 
 __all__ = ["ProcessRequest", "ProcessInfo", "ProcessList", "ProcessWaitRequest",
            "SignalRequest", "StdinRequest", "TimeoutRequest", "PtySize", "MAX_TIMEOUT_S"]
 
-MAX_TIMEOUT_S = 30 * 86400.0  # a sandbox's life may be extended at most this far ahead
+MAX_TIMEOUT_S = MAX_LIFE_S  # a sandbox's life may be extended at most this far ahead
 
 
 class PtySize(RequestModel):
@@ -38,7 +38,7 @@ class ProcessRequest(ExecRequest):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"cmd": "python3 -m http.server 8000", "cwd": "/srv", "stdin_open": False}]})
 
-    timeout: float | None = Field(None, gt=0, le=86400 * 30,
+    timeout: float | None = Field(None, gt=0, le=MAX_LIFE_S,
                                   description="seconds before the process group is killed; "
                                               "None (the default) for no limit")
     stdin_open: bool = Field(False, description="keep stdin open for later writes "

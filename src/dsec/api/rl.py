@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dsec.api.limits import RequestModel
+from dsec.api.limits import MAX_LIFE_S, RequestModel
 
 __all__ = [
     "StepKind",
@@ -102,8 +102,9 @@ class HeartbeatRequest(_Request):
 
     lease_s: float = Field(60.0, gt=0, le=86400,
                            description="pause the job's sandboxes if no heartbeat this long")
-    stop_after_s: float | None = Field(3600.0, gt=0,
-                                       description="stop them this long after the lease lapsed")
+    stop_after_s: float | None = Field(3600.0, gt=0, le=MAX_LIFE_S,
+                                       description="stop them this long after the lease lapsed "
+                                                   "(at most 30 days)")
 
 
 class JobInfo(BaseModel):

@@ -16,7 +16,7 @@ import posixpath
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from dsec.api.errors import Forbidden, NotFound
+from dsec.api.errors import Forbidden, NotFound, shorten
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.models import (ExecEvent, ExecRequest, ExecResult, FileInfo, ImageSummary,
                              InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
@@ -364,7 +364,7 @@ class LocalCluster:
 
     def client_for(self, sb_id: str) -> LocalNodeClient:
         if node_short_of(sb_id) != self.client.short:
-            raise NotFound(f"sandbox {sb_id} not found")
+            raise NotFound(f"sandbox {shorten(sb_id)} not found")
         return self.client
 
     def image_store(self):

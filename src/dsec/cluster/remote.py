@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import NotFound, shorten
 from dsec.cluster.base import node_short_of
 from dsec.cluster.http import HttpNodeClient
 
@@ -52,8 +52,8 @@ class RemoteNodes:
     def client_for(self, sb_id: str) -> HttpNodeClient:
         client = self._clients.get(node_short_of(sb_id))
         if client is None:
-            raise NotFound(f"sandbox {sb_id} not found (no node of this cluster is named "
-                           f"{node_short_of(sb_id) or 'in that id'})")
+            raise NotFound(f"sandbox {shorten(sb_id)} not found (no node of this cluster is "
+                           f"named {shorten(node_short_of(sb_id) or 'in that id')})")
         return client
 
     def image_store(self):

@@ -142,7 +142,9 @@ def _parse(model: type[BaseModel], body: bytes, scope) -> BaseModel | None:
         return None
     try:
         return model.model_validate(json.loads(body))
-    except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError too
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError is JSON nested
+    # past the interpreter's stack, which the router refuses as a 400 too
+    except (ValueError, RecursionError, ValidationError):
         return None
 
 

@@ -23,11 +23,13 @@ from starlette.exceptions import HTTPException
 from dsec.api import limits
 from dsec.api.models import describe
 from dsec.api.errors import (DSecError, Internal, InvalidArgument, NotFound, TooLarge,
-                             Unauthorized)
+                             Unauthorized, shorten)
 
-__all__ = ["RequestGuard", "install_error_handlers"]
+__all__ = ["RequestGuard", "install_error_handlers", "TOO_DEEP"]
 
 log = logging.getLogger("dsec.gateway")
+TOO_DEEP = ("the JSON body is nested too deeply to parse; send one with fewer levels of "
+            "arrays and objects")
 # bodies that stream to a file and carry their own byte limits
 _STREAMED = re.compile(r"^(/v1/(sandboxes/[^/]+/files(/tar)?|blobs/[^/]+)|(/e2b/envd)?/files)$")
 
@@ -56,14 +58,18 @@ def install_error_handlers(app: FastAPI) -> None:
                                                                      InvalidArgument)
         if exc.status_code >= 500:
             cls = Internal
-        body = cls(f"{request.method} {request.url.path}: {exc.detail}").to_wire()
+        detail = exc.detail
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI says only "error parsing"
+            detail = TOO_DEEP
+        body = cls(f"{request.method} {shorten(request.url.path)}: {detail}").to_wire()
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _response(Internal(f"{request.method} {request.url.path} failed unexpectedly "
-                                  f"({type(exc).__name__}); the server log has the details"))
+        return _response(Internal(f"{request.method} {shorten(request.url.path)} failed "
+                                  f"unexpectedly ({type(exc).__name__}); the server log has "
+                                  "the details"))
 
 
 def _url_problem(scope) -> str | None:

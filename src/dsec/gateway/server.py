@@ -68,9 +68,12 @@ def cluster_credential(state_dir: Path) -> str:
     if os.environ.get("DSEC_CLUSTER_TOKEN"):
         return os.environ["DSEC_CLUSTER_TOKEN"]
     token, created = load_or_create_token(state_dir, "cluster_token")
-    if created:
-        print(f"dsec: new cluster credential in {state_dir / 'cluster_token'}; start node "
-              "agents with it (--cluster-token)", flush=True)
+    if created:  # each way of starting a node names it its own way: say both
+        path = state_dir / "cluster_token"
+        print(f"dsec: new cluster credential in {path}; start node agents with it: "
+              f"python -m dsec.cluster.agent --cluster-token-file {path} (a list of node "
+              f"agents), or python -m dsec.cluster.ray --cluster-token \"$(cat {path})\" "
+              "(Ray); either also reads DSEC_CLUSTER_TOKEN", flush=True)
     return token
 
 

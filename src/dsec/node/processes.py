@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from dsec.api.errors import Conflict, NotFound
+from dsec.api.errors import Conflict, NotFound, shorten
 from dsec.api.models import ExecEvent, ExecResult
 from dsec.api.models import validated
 from dsec.api.process import ProcessInfo, ProcessRequest
@@ -205,9 +205,9 @@ class Processes:
     def _get(self, sb_id: str, pid: int) -> _Process:
         entry = self._by_sandbox.get(sb_id, {}).get(pid)
         if entry is None:
-            raise NotFound(f"no background process with pid {pid} in sandbox {sb_id} (only "
-                           f"processes started with spawn are kept, the last {KEEP_ENDED} "
-                           "ended ones among them)")
+            raise NotFound(f"no background process with pid {pid} in sandbox {shorten(sb_id)} "
+                           f"(only processes started with spawn are kept, the last "
+                           f"{KEEP_ENDED} ended ones among them)")
         return entry
 
     def list(self, sb_id: str) -> list[ProcessInfo]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dsec.api import limits
 from dsec.api.errors import (Capacity, Conflict, DSecError, Forbidden, InvalidArgument,
-                             NotFound, SandboxStopped, Unsupported)
+                             NotFound, SandboxStopped, Unsupported, shorten)
 from dsec.api.fncall import FnCallRequest, FnCallResult
 from dsec.api.process import ProcessInfo, ProcessRequest
 from dsec.api.scope import caller_scope, visible
@@ -228,7 +228,7 @@ class NodeService:
         rec = self.records.get(sb_id)
         if rec is None or not visible(rec.spec.project):  # another project's: no hint
             raise (self.ended.error(sb_id) if rec is None else None) \
-                or NotFound(f"sandbox {sb_id} not found")
+                or NotFound(f"sandbox {shorten(sb_id)} not found")
         return rec
 
     def _not_live(self, rec: SandboxRecord) -> SandboxStopped:
@@ -590,7 +590,7 @@ class NodeService:
     def _shell(self, sb_id: str, sh_id: str) -> ShellSession:
         sh = self.shells.get(sh_id)
         if sh is None or sh.sandbox_id != sb_id:
-            raise NotFound(f"shell {sh_id} not found in sandbox {sb_id}")
+            raise NotFound(f"shell {shorten(sh_id)} not found in sandbox {sb_id}")
         return sh
 
     @recorded("shell_run", ExecResult)

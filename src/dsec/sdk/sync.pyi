@@ -96,8 +96,9 @@ class Files:
         """Copy a sandbox directory to ``local_dir``; returns the number of entries."""
     def download_tar(self, path: str) -> bytes:
         """The tar stream of ``path`` as bytes."""
-    def upload_tar(self, data: bytes, path: str) -> int:
-        """Unpack a tar archive into ``path``; hostile entries are refused by name."""
+    def upload_tar(self, data: bytes | BinaryIO, path: str) -> int:
+        """Unpack a tar archive (bytes, or a binary file object read as it is sent) into
+        ``path``; hostile entries are refused by name."""
 
 
 class Input:

@@ -65,3 +65,15 @@ def test_result_unpickles_a_value_and_raises_a_remote_error():
     assert info.value.remote_type == "KeyError" and "in f" in info.value.remote_traceback
     with pytest.raises(TimeoutError):
         FnCallResult(exit_code=-1, timed_out=True).result()
+
+
+@pytest.mark.parametrize("report", [b"[" * 5000, b"{", b"[1]"], ids=["nested", "cut", "list"])
+def test_a_callables_error_report_that_is_not_an_object_is_a_worker_error(report):
+    """The call's code shares fd 3 with the report: garbage there must not end the server."""
+    import base64
+
+    from dsec.node.backends.fncall.server import Worker
+    res = {"result": base64.b64encode(b"E" + report).decode(), "exit_code": 0, "signal": None,
+           "stderr": ""}
+    value, error = Worker._decode_callable(res)
+    assert value is None and error["type"] == "WorkerError" and "fd 3" in error["message"]

@@ -8,7 +8,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from dsec.api.errors import Forbidden, NodeLost
+from dsec.api.errors import Forbidden, NodeLost, shorten
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
@@ -43,7 +43,8 @@ def client_for(request: Request, sb_id: str) -> NodeClient:
     if not gw.watcher.healthy(client.node_id):
         view = gw.watcher.view(client.node_id)
         why = f" ({view.error})" if view is not None and view.error else ""
-        raise NodeLost(f"node {client.node_id}, which holds {sb_id}, does not answer{why}; "
+        raise NodeLost(f"node {client.node_id}, which holds {shorten(sb_id)}, does not "
+                       f"answer{why}; "
                        "its sandboxes are reachable again when it comes back")
     return client
 

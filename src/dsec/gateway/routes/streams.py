@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from dsec.api.errors import DSecError, Unauthorized
-from dsec.api.models import ExecRequest
+from dsec.api.errors import DSecError, InvalidArgument, Unauthorized
+from dsec.api.models import ExecRequest, validated
+from dsec.api.process import PtySize
 from dsec.gateway.auth import principal_of
 from dsec.gateway.routes.common import check_grading, client_for, gateway_of
 
@@ -97,9 +98,10 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
             if msg.get("bytes"):
                 await session.send(msg["bytes"])
             elif msg.get("text"):
-                ctl = json.loads(msg["text"])
-                if "resize" in ctl:
-                    await session.resize(*ctl["resize"])
+                try:
+                    await session.resize(*_resize(msg["text"]))
+                except InvalidArgument as exc:  # the client hears why; the terminal lives on
+                    await ws.send_text(json.dumps(exc.to_wire()))
 
     reader = asyncio.create_task(pump_in())
     try:
@@ -118,3 +120,17 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
             await ws.close()
         except RuntimeError:
             pass
+
+
+def _resize(text: str) -> tuple[int, int]:
+    """The ``(rows, cols)`` of a terminal's text frame ``{"resize": [rows, cols]}``."""
+    try:
+        ctl = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested past the stack
+        ctl = None
+    size = ctl.get("resize") if isinstance(ctl, dict) else None
+    if not (isinstance(size, list) and len(size) == 2):
+        raise InvalidArgument(f"a terminal text frame must be {{\"resize\": [rows, cols]}}; "
+                              f"got {text[:80]!r}")
+    size = validated(PtySize, rows=size[0], cols=size[1])
+    return size.rows, size.cols

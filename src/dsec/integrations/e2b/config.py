@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.api.limits import MAX_LIFE_S
+
 __all__ = ["E2BConfig", "ENVD_VERSION"]
 
 # The envd version the API reports. The SDK gates features on it: 0.4.0 stops it from
@@ -22,8 +24,9 @@ class E2BConfig(BaseModel):
         description="bytes of stdout (and, apart, of stderr) one command may stream; past "
                     "it the command ends with an error naming this limit, never cut short "
                     "silently")
-    default_timeout_s: int = Field(300, ge=1, description="sandbox life when create has none "
-                                                          "(E2B's default)")
+    default_timeout_s: int = Field(300, ge=1, le=MAX_LIFE_S,
+                                   description="sandbox life when create has none (E2B's "
+                                               "default)")
     watch_interval_s: float = Field(0.2, gt=0, le=60,
                                     description="how often a WatchDir stream (the async "
                                                 "SDK's watch_dir) looks at the directory")

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dsec.api.limits import MAX_LIFE_S
 from dsec.api.models import SandboxInfo
 from dsec.integrations.e2b.config import ENVD_VERSION
 
@@ -25,7 +26,7 @@ class NewSandbox(_Body):
     """POST /sandboxes and /v2/sandboxes."""
 
     template_id: str = Field(alias="templateID", min_length=1, max_length=256)
-    timeout: int | None = Field(None, ge=0, le=86400 * 30)
+    timeout: int | None = Field(None, ge=0, le=MAX_LIFE_S)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(None, alias="envVars")
     auto_pause: bool | None = Field(None, alias="autoPause")
@@ -38,11 +39,11 @@ class NewSandbox(_Body):
 
 
 class TimeoutRequest(_Body):
-    timeout: int = Field(ge=1, le=86400 * 30)
+    timeout: int = Field(ge=1, le=MAX_LIFE_S)
 
 
 class ConnectRequest(_Body):
-    timeout: int | None = Field(None, ge=0, le=86400 * 30)
+    timeout: int | None = Field(None, ge=0, le=MAX_LIFE_S)
 
 
 class PauseRequest(_Body):

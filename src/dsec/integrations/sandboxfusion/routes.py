@@ -75,6 +75,10 @@ async def _parse(request: Request) -> RunCodeRequest | JSONResponse:
     except (ValueError, UnicodeDecodeError) as exc:
         return _invalid([{"type": "json_invalid", "loc": ["body"],
                           "msg": f"the body must be JSON: {exc}"}])
+    except RecursionError:  # nested past the interpreter's stack
+        return _invalid([{"type": "json_invalid", "loc": ["body"],
+                          "msg": "the JSON body is nested too deeply to parse; send one with "
+                                 "fewer levels of arrays and objects"}])
     try:
         return RunCodeRequest.model_validate(body)
     except ValidationError as exc:

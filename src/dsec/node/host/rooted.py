@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound
+from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound, shorten
 from dsec.api.models import FileInfo
 from dsec.node import protected as prot
 from dsec.node.host import hardlinks
@@ -82,7 +82,7 @@ class _Errors:
     """Turns OSError into the API's errors, naming the sandbox path."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        self.path = shorten(path)  # only ever shown
 
     def __enter__(self) -> None:
         return None

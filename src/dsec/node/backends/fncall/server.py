@@ -282,7 +282,15 @@ class Worker:
         if raw[:1] == b"V":
             return base64.b64encode(raw[1:]).decode(), None
         if raw[:1] == b"E":
-            return None, json.loads(raw[1:])
+            try:  # the call's own code can write fd 3 too: anything at all may be there
+                err = json.loads(raw[1:])
+            except (ValueError, RecursionError):
+                err = None
+            if isinstance(err, dict):
+                return None, err
+            return None, {"type": "WorkerError", "traceback": res["stderr"],
+                          "message": "the function's error report was not a JSON object "
+                                     "(did its code write to fd 3?)"}
         return None, {"type": "WorkerError",
                       "message": f"the function ended without a result (exit "
                                  f"{res['exit_code']}, signal {res['signal']})",

@@ -162,7 +162,9 @@ class Worker:
         self.proc.write_stdin(json.dumps(wire).encode() + b"\n")
         try:
             reply = await asyncio.wait_for(self._read_line(), req.timeout + REPLY_GRACE_S)
-        except (asyncio.TimeoutError, AgentGone, ValueError) as exc:
+        # ValueError and RecursionError: a reply line that is not JSON, or nested past the
+        # stack (the server shares its sandbox with the call's code)
+        except (asyncio.TimeoutError, AgentGone, ValueError, RecursionError) as exc:
             self.healthy = False
             oom = self.containers.oom_kills(self.rec) > oom_before
             return FnCallResult(exit_code=-1, timed_out=isinstance(exc, asyncio.TimeoutError),

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from dsec.api.errors import Forbidden, InvalidArgument, NotFound
+from dsec.api.errors import Forbidden, InvalidArgument, NotFound, shorten
 from dsec.api.models import FileInfo
 from dsec.node.backends.microvm.agentsync import SyncCommand
 from dsec.node import protected as prot
@@ -85,6 +85,7 @@ def _raise(path: str, code: int, err: bytes, protected: tuple[str, ...] = ()) ->
     if protected and ("Permission denied" in msg or "Operation not permitted" in msg):
         raise Forbidden(f"{path}: {msg}: the sandbox's protected_paths {list(protected)} "
                         "are reached only by the grading identity (a grader or admin token)")
+    path, msg = shorten(path), shorten(msg, 400)  # the guest's message may quote it too
     if "No such file" in msg or "not found" in msg:
         raise NotFound(f"no such file or directory in the sandbox: {path}")
     if "No space left" in msg:
