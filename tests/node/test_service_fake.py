@@ -9,6 +9,7 @@ import pytest
 import dsec
 from dsec.api.models import ExecRequest, SandboxSpec
 from dsec.node.agent.build import ensure_agent
+from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.fake import FakeBackend
 from dsec.node.config import NodeConfig
 from dsec.node.service import NodeService
@@ -92,3 +93,19 @@ async def test_records_are_durable(node, tmp_path):
     sb = await node.create(SandboxSpec(labels={"k": "v"}))
     rows = {r.id: r for r in NodeStore(tmp_path / "node.db").all()}
     assert rows[sb.id].spec.labels == {"k": "v"} and rows[sb.id].state == "running"
+
+
+def test_a_saved_spec_past_todays_rules_still_loads(tmp_path):
+    """A sandbox made when a bound was looser (here a ttl_s over today's 30 days) is loaded
+    as it was saved: a node restarting must not lose it, nor fail to start."""
+    store = NodeStore(tmp_path / "node.db")
+    spec = SandboxSpec.model_construct(**{**SandboxSpec().model_dump(), "ttl_s": 1e12})
+    store.put(SandboxRecord(id="sb-fa4e0003-1", spec=spec, state="running", created_at=1.0,
+                            last_active_at=1.0, expires_at=None, runtime={}, error=None))
+    store.close()
+    again = NodeStore(tmp_path / "node.db")
+    try:
+        [rec] = again.all()
+        assert rec.id == "sb-fa4e0003-1" and rec.spec.ttl_s == 1e12
+    finally:
+        again.close()

@@ -11,6 +11,8 @@ import json
 import threading
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from dsec.api.models import SandboxSpec
 from dsec.node.backends.base import SandboxRecord
 from dsec.wal import open_db
@@ -53,7 +55,7 @@ class NodeStore:
     def all(self) -> list[SandboxRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
-        return [SandboxRecord(id=r[0], spec=SandboxSpec.model_validate_json(r[1]), state=r[2],
+        return [SandboxRecord(id=r[0], spec=_saved_spec(r[1]), state=r[2],
                               created_at=r[3], last_active_at=r[4], expires_at=r[5],
                               runtime=json.loads(r[6]), error=r[7]) for r in rows]
 
@@ -69,6 +71,16 @@ class NodeStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _saved_spec(raw: str) -> SandboxSpec:
+    """A sandbox's spec as saved: validated as a request is, else taken as it was. A rule
+    tightened since the sandbox was made (a lower limit, a bound like ttl_s's) must not
+    cost a node that restarts its running sandbox, nor the node its start."""
+    try:
+        return SandboxSpec.model_validate_json(raw)
+    except ValidationError:
+        return SandboxSpec.model_construct(**json.loads(raw))
 
 
 def ensure_node_id(db_path: Path) -> str:
