@@ -15,7 +15,7 @@ import stat as st
 from collections.abc import Iterator
 from typing import NamedTuple
 
-__all__ = ["Entry", "walk", "remove_tree"]
+__all__ = ["Entry", "walk", "remove_tree", "rmtree"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -99,3 +99,20 @@ def remove_tree(dfd: int, name: str) -> None:
                 os.unlink(e.name, dir_fd=e.dfd)
             except FileNotFoundError:
                 pass
+
+
+def rmtree(path: str | os.PathLike[str]) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` at any depth, for a work directory that
+    holds a copy of a sandbox's tree (Python 3.11's rmtree recurses per level, and its
+    RecursionError is not an ignored OSError)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_tree(fd, name)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
