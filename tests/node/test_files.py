@@ -98,3 +98,27 @@ async def test_large_file_streams(sandbox, tmp_path):
 async def client_upload(sandbox, path):
     await sandbox.files.mkdir("/data")
     return await sandbox.files.upload(path, "/data/big")
+
+
+DEEP = 1500  # past Python's recursion limit (1000); the shell nests one level per mkdir
+
+
+async def _make_deep(sandbox, top: str) -> None:
+    r = await sandbox.exec(f"mkdir -p {top} && cd {top} && i=0; while [ $i -lt {DEEP} ]; do "
+                           "mkdir d && cd d || exit 1; i=$((i+1)); done; echo x > f")
+    assert r.exit_code == 0, r.stderr
+
+
+async def test_deep_tree_downloads_as_tar(sandbox):
+    await _make_deep(sandbox, "/tmp/deep")
+    data = await sandbox.files.download_tar("/tmp/deep")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        names = tf.getnames()
+    assert len(names) == DEEP + 2
+    assert names[-1] == "deep/" + "d/" * DEEP + "f"
+
+
+async def test_deep_tree_removes_recursively(sandbox):
+    await _make_deep(sandbox, "/tmp/deep")
+    await sandbox.files.remove("/tmp/deep", recursive=True)
+    assert not await sandbox.files.exists("/tmp/deep")

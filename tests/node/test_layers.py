@@ -27,6 +27,23 @@ async def test_pack_diff_then_create_sees_the_packed_state(client):
         await child.stop()
 
 
+async def test_pack_diff_keeps_a_deep_tree(client):
+    sb = await client.create(memory_mb=64)
+    try:  # 1500 levels: past Python's recursion limit, within PATH_MAX on the host
+        r = await sb.exec("mkdir /deep && cd /deep && i=0; while [ $i -lt 1500 ]; do "
+                          "mkdir d && cd d || exit 1; i=$((i+1)); done; echo x > f")
+        assert r.exit_code == 0, r.stderr
+        await sb.pack_diff("workspace/deep:v1")
+    finally:
+        await sb.stop()
+    child = await client.create(image="workspace/deep:v1", memory_mb=64)
+    try:
+        r = await child.exec("find /deep -name f | wc -l; find /deep -type d | wc -l")
+        assert r.stdout.split() == ["1", "1501"]
+    finally:
+        await child.stop()
+
+
 async def test_extra_layers_stack_at_create_time(client, server, tmp_path):
     from dsec.images import ImageService
     root = tmp_path / "toolkit"

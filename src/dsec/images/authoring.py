@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from dsec.images.merge import merge_trees
 from dsec.images.models import ImageConfig, LayerInfo, ResolvedImage
 from dsec.images.refs import layer_id, normalize_ref
 from dsec.images.stage import stage_upper
+from dsec.node.host import fdtree
 
 if TYPE_CHECKING:
     from dsec.images.service import ImageService
@@ -41,7 +41,7 @@ def pack_diff(svc: ImageService, upperdir: pathlib.Path, tag: str, base: Resolve
         stage_upper(pathlib.Path(upperdir), rootfs, exclude)
         layer = svc.add_layer_dir(rootfs)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        fdtree.rmtree(work)
     layers = [svc.layer_ref(d) for d in base.layer_digests] + [layer]
     digest = svc.commit(tag, layers, config or base.config)
     return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
@@ -78,7 +78,7 @@ def build(svc: ImageService, spec: BuildSpec | pathlib.Path, context: pathlib.Pa
             else base.config.entrypoint})
         return svc.pack_diff(upper, spec.tag, base, spec.exclude, config)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        fdtree.rmtree(work)
 
 def merge(svc: ImageService, ref: str, tag: str, start: int = 0, count: int | None = None) -> LayerInfo:
     """Merge layers ``start .. start+count`` of image ``ref`` into one; tag the result.
@@ -101,7 +101,7 @@ def merge(svc: ImageService, ref: str, tag: str, start: int = 0, count: int | No
         merge_trees(dirs, rootfs, below)
         layer = svc.add_layer_dir(rootfs)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        fdtree.rmtree(work)
     digest = svc.commit(tag, [*m.layers[:start], layer, *m.layers[end:]], m.config)
     return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
                      manifest_digest=digest, tag=normalize_ref(tag))

@@ -28,7 +28,9 @@ from dsec.images.layermap import LayerMap
 from dsec.images.models import ImageConfig, LayerRef
 from dsec.images.refs import layer_id, normalize_ref, parse_registry_ref
 from dsec.images.registry import RegistryAuth, RegistryClient
+from dsec.images.stage import walk
 from dsec.images.whiteout import is_opaque, is_whiteout
+from dsec.node.host import fdtree
 
 if TYPE_CHECKING:
     from dsec.images.service import ImageService
@@ -73,7 +75,7 @@ class _HashWriter:
 def _tar_tree(root: pathlib.Path, tar: tarfile.TarFile) -> None:
     """Add every entry under ``root`` (sorted, numeric owners), markers in OCI form."""
     links: dict[int, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in walk(root):
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, root)
         if rel_dir != "." and is_opaque(dirpath):
@@ -223,4 +225,4 @@ def push_oci(svc: ImageService, ref: str, dest: str, auth: RegistryAuth | None =
                                        json.dumps(manifest).encode(),
                                        f"manifest of image {normalize_ref(dest)}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        fdtree.rmtree(work)

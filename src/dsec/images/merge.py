@@ -16,7 +16,7 @@ import pathlib
 import shutil
 import stat
 
-from dsec.images.stage import copy_meta, copy_entry
+from dsec.images.stage import copy_entry, copy_meta, walk
 from dsec.images.whiteout import is_opaque, is_whiteout, set_opaque
 
 __all__ = ["merge_trees"]
@@ -33,7 +33,7 @@ def _apply(src_root: str, dest_root: str, below: list[pathlib.Path]) -> None:
     keep_markers = bool(below)
     links: dict[tuple[int, int], str] = {}
     dirs = []
-    for dirpath, dirnames, filenames in os.walk(src_root):
+    for dirpath, dirnames, filenames in walk(src_root):
         rel = os.path.relpath(dirpath, src_root)
         out_dir = os.path.normpath(os.path.join(dest_root, rel))
         for name in list(dirnames):

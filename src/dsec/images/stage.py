@@ -8,6 +8,7 @@ both, keeps whiteouts and opaque markers, and never touches a live sandbox's fil
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import pathlib
@@ -17,11 +18,40 @@ import stat
 from dsec.api.errors import InvalidArgument
 from dsec.images.whiteout import OPAQUE_XATTR, OVERLAY_XATTR_PREFIX, is_whiteout
 
-__all__ = ["stage_upper", "excluded", "copy_entry", "copy_meta"]
+__all__ = ["stage_upper", "excluded", "copy_entry", "copy_meta", "walk"]
 
 # Layers made with these overlay features depend on the exact lower layers of one node.
 _UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
 _USER_PREFIX = "user.overlay."
+
+
+def walk(top: str | os.PathLike[str]):
+    """``os.walk(top)`` top-down (symlinks to directories listed in ``dirnames``, not
+    entered; pruning ``dirnames`` prunes the walk), without recursion: Python 3.11's
+    recurses per level, and a sandbox can nest its upper dir past the recursion limit.
+    Unlike ``os.walk`` it does not skip a directory it cannot list; a path too long to
+    name is InvalidArgument."""
+    stack = [os.fspath(top)]
+    while stack:
+        dirpath = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                raise InvalidArgument(
+                    f"a directory nests deeper than a host path can name ({len(dirpath)} "
+                    f"characters at {dirpath[:80]}...); flatten it or exclude it") from exc
+            raise
+        dirnames = [e.name for e in entries if e.is_dir()]
+        filenames = [e.name for e in entries if not e.is_dir()]
+        yield dirpath, dirnames, filenames
+        for name in reversed(dirnames):  # popped in listing order, as os.walk
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                stack.append(path)
 
 
 def excluded(rel: str, patterns: list[str]) -> bool:
@@ -72,7 +102,7 @@ def stage_upper(upper: pathlib.Path, dest: pathlib.Path, exclude: list[str] | No
     links: dict[tuple[int, int], str] = {}
     count = 0
     dirs: list[tuple[str, str, os.stat_result]] = []
-    for dirpath, dirnames, filenames in os.walk(upper):
+    for dirpath, dirnames, filenames in walk(upper):
         rel_path = os.path.relpath(dirpath, upper)
         rel_dir = "/" if rel_path == "." else "/" + rel_path
         out_dir = os.path.join(dest, rel_path)

@@ -81,7 +81,8 @@ async def _next_while(events: AsyncIterator, valid: Callable[[], bool] | None):
 @router.websocket("/pty")
 async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None:
     """Binary frames carry terminal bytes both ways; a text frame ``{"resize":[r,c]}``
-    resizes; the server ends with a text frame ``{"exit": code}``."""
+    resizes; the server ends with a text frame ``{"exit": code}``. Any other text frame is
+    answered with an error body and close code 1007; a client that leaves ends the shell."""
     await ws.accept()
     try:
         session = await client_for(ws, sb_id).pty(sb_id, rows, cols)  # type: ignore[arg-type]
@@ -90,36 +91,53 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
         await ws.close()
         return
 
+    close_code = 1000
+
     async def pump_in() -> None:
+        nonlocal close_code
         while True:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect()
+                return  # the client left: normal, the shell goes with it
             if msg.get("bytes"):
                 await session.send(msg["bytes"])
             elif msg.get("text"):
                 try:
-                    await session.resize(*_resize(msg["text"]))
-                except InvalidArgument as exc:  # the client hears why; the terminal lives on
+                    rows, cols = _resize(msg["text"])
+                except InvalidArgument as exc:
                     await ws.send_text(json.dumps(exc.to_wire()))
+                    close_code = 1007  # RFC 6455: data inconsistent with the message type
+                    return
+                await session.resize(rows, cols)
 
-    reader = asyncio.create_task(pump_in())
-    try:
+    async def pump_out() -> None:
         while True:
             out = await session.receive()
             if isinstance(out, int):
                 await ws.send_text(json.dumps({"exit": out}))
-                break
+                return
             await ws.send_bytes(out)
-    except (DSecError, ConnectionError, WebSocketDisconnect):
-        pass
+
+    pumps = {asyncio.create_task(pump_in()), asyncio.create_task(pump_out())}
+    try:
+        done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            exc = task.exception()
+            if exc is not None and not isinstance(exc, _GONE):
+                raise exc
     finally:
-        reader.cancel()
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
         await session.close()
         try:
-            await ws.close()
-        except RuntimeError:
-            pass
+            await ws.close(close_code)
+        except (RuntimeError, WebSocketDisconnect, OSError):
+            pass  # the client already left
+
+
+# How a terminal ends without an error: the node's session ended, or the client left.
+_GONE = (DSecError, OSError, WebSocketDisconnect)
 
 
 def _resize(text: str) -> tuple[int, int]:
@@ -131,6 +149,6 @@ def _resize(text: str) -> tuple[int, int]:
     size = ctl.get("resize") if isinstance(ctl, dict) else None
     if not (isinstance(size, list) and len(size) == 2):
         raise InvalidArgument(f"a terminal text frame must be {{\"resize\": [rows, cols]}}; "
-                              f"got {text[:80]!r}")
+                              f"got {text[:80]!r}; send terminal input as binary frames")
     size = validated(PtySize, rows=size[0], cols=size[1])
     return size.rows, size.cols

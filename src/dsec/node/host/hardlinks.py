@@ -21,6 +21,8 @@ import stat as st
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import PurePosixPath
 
+from dsec.node.host import fdtree
+
 __all__ = ["Inode", "linked", "protected_inodes", "stray_names"]
 
 Inode = tuple[int, int]
@@ -45,14 +47,9 @@ def _linked_names(open_in_root: Callable[[str], int], protected: Sequence[str]
                 if linked(s):
                     yield top, top, s
                 continue
-            for d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
-                for name in names:
-                    try:
-                        e = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    except OSError:
-                        continue  # gone since the listing
-                    if linked(e):
-                        yield top, str(PurePosixPath(top, d, name)), e
+            for e in fdtree.walk(fd, "."):  # iterative: any depth
+                if linked(e.stat):
+                    yield top, str(PurePosixPath(top, e.path)), e.stat
         finally:
             os.close(fd)
 

@@ -27,7 +27,7 @@ from typing import BinaryIO
 from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound, shorten
 from dsec.api.models import FileInfo
 from dsec.node import protected as prot
-from dsec.node.host import hardlinks
+from dsec.node.host import fdtree, hardlinks
 from dsec.node.host.charged import Charge, ChargedWriter
 
 __all__ = ["RootedFiles", "openat2", "file_kind", "normalize_path"]
@@ -242,8 +242,7 @@ class RootedFiles:
                 if not st.S_ISDIR(s.st_mode):
                     os.unlink(name, dir_fd=dfd)
                 elif recursive:
-                    import shutil
-                    shutil.rmtree(name, dir_fd=dfd)
+                    fdtree.remove_tree(dfd, name)  # iterative: any depth the sandbox made
                 else:
                     os.rmdir(name, dir_fd=dfd)
             finally:
@@ -316,10 +315,9 @@ class RootedFiles:
             try:
                 if not st.S_ISDIR(os.fstat(fd).st_mode):
                     return
-                for d, _subdirs, names, dfd in os.fwalk(".", dir_fd=fd):
-                    for name in names:
-                        s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                        self.check_inode(s, str(PurePosixPath(path, d, name)))
+                for e in fdtree.walk(fd, "."):
+                    if not st.S_ISDIR(e.stat.st_mode):
+                        self.check_inode(e.stat, str(PurePosixPath(path, e.path)))
             finally:
                 os.close(fd)
 

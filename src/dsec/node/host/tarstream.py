@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
 from dsec.api.errors import InvalidArgument
+from dsec.node.host.fdtree import Entry, walk
 
 if TYPE_CHECKING:
     from dsec.node.host.rooted import RootedFiles
@@ -26,25 +27,18 @@ def _pad(n: int) -> bytes:
     return b"\0" * ((BLOCK - n % BLOCK) % BLOCK)
 
 
-def _entry(files: RootedFiles, dfd: int, name: str, arc: str) -> Iterator[bytes]:
-    s = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    ti = tarfile.TarInfo(arc)
+def _entry(files: RootedFiles, e: Entry) -> Iterator[bytes]:
+    s, dfd, name = e.stat, e.dfd, e.name
+    ti = tarfile.TarInfo(e.path)
     ti.mode, ti.mtime, ti.uid, ti.gid = st.S_IMODE(s.st_mode), int(s.st_mtime), s.st_uid, s.st_gid
     if st.S_ISDIR(s.st_mode):
         ti.type = tarfile.DIRTYPE
         yield ti.tobuf(tarfile.PAX_FORMAT)
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      dir_fd=dfd)
-        try:
-            for child in sorted(os.listdir(sub)):
-                yield from _entry(files, sub, child, f"{arc}/{child}")
-        finally:
-            os.close(sub)
     elif st.S_ISLNK(s.st_mode):
         ti.type, ti.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
         yield ti.tobuf(tarfile.PAX_FORMAT)
     elif st.S_ISREG(s.st_mode):
-        files.check_inode(s, arc)  # a hard link to a protected file
+        files.check_inode(s, e.path)  # a hard link to a protected file
         ti.size = s.st_size
         yield ti.tobuf(tarfile.PAX_FORMAT)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
@@ -65,7 +59,10 @@ def tar_chunks(files: RootedFiles, path: str) -> Iterator[bytes]:
     p = PurePosixPath(path)
     parent = files.open_dir_fd(str(p.parent))
     try:
-        yield from _entry(files, parent, p.name or ".", p.name or ".")
+        # Iterative (fdtree), so a sandbox's thousands-deep directory does not end the
+        # stream halfway; PAX headers carry names of any length.
+        for e in walk(parent, p.name or "."):
+            yield from _entry(files, e)
     finally:
         os.close(parent)
     yield b"\0" * (BLOCK * 2)
