@@ -154,6 +154,18 @@ async def test_batch_items_each_get_the_quota(team):
         await c.create_many(2, memory_mb=64)
 
 
+async def test_a_job_stop_gives_the_quota_back_at_once(team):
+    """As a sandbox's own stop does: not at the next reconcile (seconds later), which
+    refused creates meanwhile, and a project delete, that the quota still counted."""
+    name, _, c = team
+    await c.create(memory_mb=64, job="jx")
+    await c.create(memory_mb=64, job="jx")
+    await c.jobs.stop("jx")
+    assert (await c.projects.usage(name)).sandboxes == 0
+    made = await c.create_many(2, memory_mb=64)  # the whole quota again, at once
+    assert len(made) == 2
+
+
 async def test_usage_rolls_up(client, name):
     await client.projects.create(name, quota=dsec.Quota(sandboxes=5))
     await client.projects.create(f"{name}/a")

@@ -277,9 +277,12 @@ class Ledger:
             with self._write():
                 self._drop_keys(keys)
 
-    def stopped(self, sb_id: str) -> None:
-        with self._write():
-            self._drop("sb_id = ?", [sb_id])
+    def stopped(self, *sb_ids: str) -> None:
+        """Sandboxes stopped through this gateway: their rows go now (set-wise)."""
+        if sb_ids:
+            with self._write():
+                for part in chunks(list(sb_ids)):
+                    self._drop(f"sb_id IN ({','.join('?' * len(part))})", part)
 
     def held_on(self, node: str, before: float | None = None) -> int:
         """Rows of sandboxes on ``node`` (confirmed before ``before``, a time.time())."""

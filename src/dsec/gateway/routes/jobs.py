@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from dsec.api.errors import DSecError, NodeLost, NotFound
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
 from dsec.gateway.routes.common import gateway_of
-from dsec.gateway.spread import healthy_clients
+from dsec.gateway.spread import healthy_clients, list_all
 from dsec.rl.jobs import merge_job_infos
 
 __all__ = ["router"]
@@ -79,7 +79,13 @@ async def resume(request: Request, job: str) -> JobInfo:
 
 @router.delete("/{job}", status_code=204)
 async def stop(request: Request, job: str) -> None:
-    if down := await _each(request, "job_stop", job):
+    gw = gateway_of(request)
+    ending = await list_all(gw, job=job) if gw.projects is not None else None
+    down = await _each(request, "job_stop", job)
+    if ending is not None:  # their room back at once, as a sandbox's own stop gives it
+        gw.projects.ledger.stopped(*(i.id for i in ending.sandboxes if i.node not in down))
+        gw.projects.admission.freed()
+    if down:
         raise NodeLost(f"job {job!r} stopped on the nodes that answer; node(s) "
                        f"{', '.join(down)} did not: its sandboxes there still run (stop it "
                        "again when they are back)")
