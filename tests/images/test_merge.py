@@ -98,3 +98,22 @@ def test_merge_middle_range(svc, stacked, tmp_path):
 def test_merge_bad_range(svc, stacked):
     with pytest.raises(InvalidArgument, match="has 4 layers"):
         svc.merge("ws/m:3", "ws/m:x", start=3, count=2)
+
+
+def test_merge_replaces_a_deep_directory(tmp_path):
+    """A layer from a sandbox's pack_diff can nest a directory past Python's recursion limit
+    (1000); a later layer replacing it must not end the merge in RecursionError."""
+    from dsec.images.merge import merge_trees
+    lower, upper, dest = tmp_path / "lower", tmp_path / "upper", tmp_path / "dest"
+    for d in (lower, upper, dest):
+        d.mkdir()
+    fd = os.open(lower, os.O_RDONLY)
+    for name in ["deep"] + ["d"] * 1500:
+        os.mkdir(name, dir_fd=fd)
+        nxt = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    (upper / "deep").write_text("now a file")
+    merge_trees([lower, upper], dest, [])
+    assert (dest / "deep").read_text() == "now a file"

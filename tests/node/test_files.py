@@ -122,3 +122,89 @@ async def test_deep_tree_removes_recursively(sandbox):
     await _make_deep(sandbox, "/tmp/deep")
     await sandbox.files.remove("/tmp/deep", recursive=True)
     assert not await sandbox.files.exists("/tmp/deep")
+
+
+def _upper(server, sandbox):
+    """The sandbox's writable layer on the host: where a file the API wrote would land."""
+    found = list(server.state_dir.glob(f"**/sandboxes/{sandbox.id}/rw/upper"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("op,path", [
+    ("write", "/proc/sysrq-trigger"),
+    ("write", "/dev/null"),
+    ("write", "/sys/dsec-x"),
+    ("read", "/proc/self/status"),
+    ("list", "/proc"),
+    ("stat", "/dev"),
+    ("mkdir", "/sys/dsec-x"),
+    ("download_tar", "/proc/self"),
+    ("write", "/tmp/../proc/dsec-x"),
+])
+async def test_kernel_filesystems_are_refused(server, sandbox, op, path):
+    args = (path, b"x") if op == "write" else (path,)
+    with pytest.raises(dsec.InvalidArgument, match="use exec") as exc:
+        await getattr(sandbox.files, op)(*args)
+    assert "kernel or device filesystems" in str(exc.value)
+    upper = _upper(server, sandbox)
+    assert not any((upper / top).exists() for top in ("proc", "sys", "dev"))
+
+
+async def test_kernel_filesystems_through_symlinks_are_refused(server, sandbox):
+    r = await sandbox.exec("ln -s /proc /tmp/p && ln -s /dev/null /tmp/n && "
+                           "ln -s ../sys /tmp/s && ln -s /proc/dsec-new /tmp/dangling")
+    assert r.exit_code == 0, r.stderr
+    for op, path in [("write", "/tmp/p/sysrq-trigger"), ("write", "/tmp/n"),
+                     ("write", "/tmp/dangling"), ("read", "/tmp/p/self/status"),
+                     ("list", "/tmp/s"), ("mkdir", "/tmp/s/x"), ("stat", "/tmp/p/self"),
+                     ("download_tar", "/tmp/p/self"), ("remove", "/tmp/p/self")]:
+        args = (path, b"x") if op == "write" else (path,)
+        with pytest.raises(dsec.InvalidArgument, match="use exec"):
+            await getattr(sandbox.files, op)(*args)
+    upper = _upper(server, sandbox)
+    assert not any((upper / top).exists() for top in ("proc", "sys", "dev"))
+    assert (await sandbox.files.stat("/tmp/p")).type == "symlink"  # the link itself is a file
+
+
+@pytest.mark.parametrize("entries,dest", [
+    ([("proc/sysrq-trigger", {})], "/"),
+    ([("ok", {}), ("dev/dsec-x", {})], "/"),
+    ([("p", {"type": tarfile.SYMTYPE, "linkname": "/proc"}), ("p/dsec-x", {})], "/tmp/t"),
+    ([("x", {})], "/sys"),
+])
+async def test_tar_upload_into_kernel_filesystems_is_refused(server, sandbox, entries, dest):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, kw in entries:
+            ti = tarfile.TarInfo(name)
+            ti.size = 1 if not kw else 0
+            for k, v in kw.items():
+                setattr(ti, k, v)
+            tf.addfile(ti, io.BytesIO(b"x") if ti.isfile() else None)
+    with pytest.raises(dsec.InvalidArgument, match="use exec"):
+        await sandbox.files.upload_tar(buf.getvalue(), dest)
+    upper = _upper(server, sandbox)
+    assert not any((upper / top).exists() for top in ("proc", "sys", "dev"))
+
+
+async def test_dev_shm_is_the_sandbox_tmpfs(sandbox):
+    r = await sandbox.exec("echo made > /dev/shm/made && mkdir /dev/shm/d && "
+                           "ln -s /etc/hostname /dev/shm/link")
+    assert r.exit_code == 0, r.stderr
+    assert await sandbox.files.read("/dev/shm/made") == b"made\n"
+    await sandbox.files.write("/dev/shm/d/put", b"put")
+    assert (await sandbox.exec("cat /dev/shm/d/put")).stdout == "put"
+    assert (await sandbox.files.stat("/dev/shm")).type == "dir"
+    names = [e.name for e in await sandbox.files.list("/dev/shm")]
+    assert names == ["d", "link", "made"]
+    with tarfile.open(fileobj=io.BytesIO(await sandbox.files.download_tar("/dev/shm"))) as tf:
+        assert "shm/d/put" in tf.getnames()
+    await sandbox.files.upload_tar(_tar("up.txt", b"up"), "/dev/shm/d")
+    assert (await sandbox.exec("cat /dev/shm/d/up.txt")).stdout == "up"
+    with pytest.raises(dsec.InvalidArgument, match="symlink"):
+        await sandbox.files.read("/dev/shm/link")  # not followed there: use exec
+    await sandbox.files.remove("/dev/shm/d", recursive=True)
+    assert (await sandbox.exec("ls /dev/shm")).stdout.split() == ["link", "made"]
+    with pytest.raises(dsec.InvalidArgument):
+        await sandbox.files.remove("/dev/shm", recursive=True)

@@ -13,18 +13,29 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import stat
 
 from dsec.images.stage import copy_entry, copy_meta, walk
 from dsec.images.whiteout import is_opaque, is_whiteout, set_opaque
+from dsec.node.host import fdtree
 
 __all__ = ["merge_trees"]
 
 
+def _rmtree(path: str) -> None:
+    """``shutil.rmtree(path)`` at any depth: a layer from a sandbox's pack_diff can nest a
+    directory past the recursion limit, where Python 3.11's rmtree recurses per level."""
+    parent, name = os.path.split(path)
+    fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fdtree.remove_tree(fd, name)
+    finally:
+        os.close(fd)
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
+        _rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
 
@@ -48,7 +59,7 @@ def _apply(src_root: str, dest_root: str, below: list[pathlib.Path]) -> None:
             if replaced_other:
                 _remove(dst)
             if is_opaque(src) and os.path.isdir(dst):
-                shutil.rmtree(dst)
+                _rmtree(dst)
             if not os.path.lexists(dst):
                 os.mkdir(dst)
             dirs.append((src, dst, st, replaced_other))

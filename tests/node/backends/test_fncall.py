@@ -292,3 +292,30 @@ async def test_a_batch_with_crashes_and_hangs_completes(fc):
         else:
             assert out.stdout == f"{i}\n", out
     assert (await fc.fncall("print('after')", memory_mb=209)).stdout == "after\n"
+
+
+DEEP = 1500  # past Python's recursion limit (1000), where 3.11's rmtree and os.walk end
+
+
+async def test_a_deep_tree_is_cleaned_and_the_worker_carries_on(fc):
+    deep = ("import os\nfor top in ('.', '/tmp'):\n    p = os.open(top, os.O_RDONLY)\n"
+            f"    for _ in range({DEEP}):\n        os.mkdir('d', dir_fd=p)\n"
+            "        q = os.open('d', os.O_RDONLY, dir_fd=p); os.close(p); p = q\n"
+            "    os.close(p)\nopen('out.txt', 'w').write('made')\nprint('done')\n")
+    first = await fc.fncall(deep, return_files=["out.txt"], memory_mb=209, timeout=60)
+    assert (first.exit_code, first.stdout) == (0, "done\n"), first
+    assert first.files == {"out.txt": b"made"}
+    probe = "import os\nprint(os.path.exists('/tmp/d'), sorted(os.listdir('.')))"
+    out = await same_worker(fc, first, probe, 209)
+    assert out.stdout == "False []\n", out
+
+
+async def test_a_deep_tree_is_cleaned_by_a_busybox_worker(fc):
+    deep = (f"for top in . /tmp; do (cd $top && i=0; while [ $i -lt {DEEP} ]; do "
+            "mkdir d && cd d || exit 1; i=$((i+1)); done); done; echo made > out.txt; echo done")
+    first = await fc.fncall(deep, language="sh", image="busybox", return_files=["out.txt"],
+                            memory_mb=210, timeout=60)
+    assert (first.exit_code, first.stdout) == (0, "done\n"), first
+    assert first.files == {"out.txt": b"made\n"}
+    nxt = await same_worker(fc, first, "ls -A . /tmp", 210, language="sh", image="busybox")
+    assert nxt.stdout.split() == [".:", "main.sh", "/tmp:"], nxt

@@ -390,7 +390,8 @@ class ContainerBackend(Backend):
     def files(self, rec: SandboxRecord) -> FileOps:
         charge = Charge(self.cgroups, self.cgroup_path(rec.id), rec.spec.memory_mb,
                         rec.spec.disk_mb)
-        return RootedFiles(str(self.sandbox_dir(rec.id) / "rootfs"), charge)
+        d = self.sandbox_dir(rec.id)
+        return RootedFiles(str(d / "rootfs"), charge, shm=str(d / "rw" / "shm"))
 
     def oom_kills(self, rec: SandboxRecord) -> int:
         return self.cgroups.oom_kills(self.cgroup_path(rec.id))

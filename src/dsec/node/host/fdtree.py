@@ -38,14 +38,16 @@ class _Frame(NamedTuple):
     name: str
 
 
-def walk(dfd: int, name: str, *, remove_dirs: bool = False) -> Iterator[Entry]:
+def walk(dfd: int, name: str, *, remove_dirs: bool = False,
+         prune: frozenset[str] = frozenset()) -> Iterator[Entry]:
     """Every entry at and under ``name`` in ``dfd``, parents before children, each
     directory's entries in name order. Symlinks are reported, never followed; entries that
     vanish during the walk are skipped. The caller may act on a yielded non-directory (read
     it, unlink it) before asking for the next entry; ``dfd`` is valid until then.
 
     With ``remove_dirs``, each directory is removed once everything under it was yielded
-    (the caller unlinks the rest): :func:`remove_tree`."""
+    (the caller unlinks the rest): :func:`remove_tree`. Directories whose path is in
+    ``prune`` are yielded, their entries not."""
     try:
         top = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -71,7 +73,7 @@ def walk(dfd: int, name: str, *, remove_dirs: bool = False) -> Iterator[Entry]:
             except FileNotFoundError:
                 continue
             yield Entry(path, s, frame.fd, child)
-            if st.S_ISDIR(s.st_mode):
+            if st.S_ISDIR(s.st_mode) and path not in prune:
                 _push(stack, frame.fd, child, path)
     finally:
         for frame in stack:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from dsec.api.errors import InvalidArgument
 from dsec.node.host.fdtree import Entry, walk
+from dsec.node.host.rooted import KERNEL_FS
 
 if TYPE_CHECKING:
     from dsec.node.host.rooted import RootedFiles
@@ -55,13 +56,19 @@ def _entry(files: RootedFiles, e: Entry) -> Iterator[bytes]:
 
 
 def tar_chunks(files: RootedFiles, path: str) -> Iterator[bytes]:
-    """Stream ``path`` as a tar whose top entry is its base name."""
-    p = PurePosixPath(path)
-    parent = files.open_dir_fd(str(p.parent))
+    """Stream ``path`` as a tar whose top entry is its base name. A tar of ``/`` holds
+    the sandbox's kernel and device filesystems (/proc, /sys, /dev) as empty directories:
+    the root's own, which the sandbox never sees, are not its files."""
+    if path == "/":
+        parent, name = files.open_dir_fd("/"), "."
+        prune = frozenset(f".{top}" for top in KERNEL_FS)
+    else:
+        parent, name = files.open_entry(path)
+        prune = frozenset()
     try:
         # Iterative (fdtree), so a sandbox's thousands-deep directory does not end the
         # stream halfway; PAX headers carry names of any length.
-        for e in walk(parent, p.name or "."):
+        for e in walk(parent, name, prune=prune):
             yield from _entry(files, e)
     finally:
         os.close(parent)

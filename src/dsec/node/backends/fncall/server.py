@@ -22,7 +22,6 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import sys
 import time
@@ -47,6 +46,61 @@ def _preload(extra):
         except Exception:
             pass
     return loaded
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _rmtree(path):
+    """``shutil.rmtree(path, ignore_errors=True)`` at any depth. A call can nest directories
+    far past the recursion limit, where Python 3.11's rmtree recurses per level and its
+    RecursionError is not an ignored OSError; so an explicit stack of directory fds, each
+    opened ``O_NOFOLLOW`` (symlinks are unlinked, never followed). The same walk as dsec's
+    ``node/host/fdtree.py``, which this program cannot import."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        top = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    stack = []  # (fd, names still to remove, parent fd, name there)
+    try:
+        _rm_entry(stack, top, name)
+        while stack:
+            fd, names, up, me = stack[-1]
+            if names:
+                _rm_entry(stack, fd, names.pop())
+                continue
+            stack.pop()
+            os.close(fd)
+            try:
+                os.rmdir(me, dir_fd=up)
+            except OSError:
+                pass
+    finally:
+        for frame in stack:
+            os.close(frame[0])
+        os.close(top)
+
+
+def _rm_entry(stack, dfd, name):
+    """Unlink ``name`` in ``dfd``, or push it as a directory to empty first."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+        return
+    except IsADirectoryError:
+        pass
+    except OSError:
+        return
+    try:
+        fd = os.open(name, _DIR, dir_fd=dfd)
+    except OSError:
+        return
+    try:
+        names = os.listdir(fd)
+    except OSError:
+        os.close(fd)
+        return
+    stack.append((fd, names, dfd, name))
 
 
 def _baseline():
@@ -96,7 +150,7 @@ class Worker:
                 "duration_ms": (time.monotonic() - t0) * 1000}
 
     def _make_scratch(self, files):
-        shutil.rmtree(SCRATCH, ignore_errors=True)
+        _rmtree(SCRATCH)
         os.mkdir(SCRATCH, 0o700)
         for rel, b64 in files.items():
             path = os.path.join(SCRATCH, rel)
@@ -360,7 +414,7 @@ class Worker:
         return out
 
     def _clean(self):
-        shutil.rmtree(SCRATCH, ignore_errors=True)
+        _rmtree(SCRATCH)
         for d, before in self.baseline.items():
             try:
                 names = os.listdir(d)
@@ -370,13 +424,7 @@ class Worker:
                 if n in before:
                     continue
                 p = os.path.join(d, n)
-                if os.path.isdir(p) and not os.path.islink(p):
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    try:
-                        os.unlink(p)
-                    except OSError:
-                        pass
+                _rmtree(p)
 
 
 def main():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.fncall.plan import Step, plan_call
 from dsec.node.backends.fncall.worker import Worker
 from dsec.node.execution import OutputCap
+from dsec.node.host.fdtree import rmtree
 
 __all__ = ["ShellWorker"]
 
@@ -155,7 +155,7 @@ class ShellWorker(Worker):
 
     def _make_scratch(self, files: dict[str, bytes]) -> None:
         d = self._root() / SCRATCH
-        shutil.rmtree(d, ignore_errors=True)
+        rmtree(d)
         d.mkdir(mode=0o700)
         for rel, data in files.items():
             path = d / rel
@@ -182,15 +182,11 @@ class ShellWorker(Worker):
 
     def _wipe(self) -> None:
         root = self._root()
-        shutil.rmtree(root / SCRATCH, ignore_errors=True)
+        rmtree(root / SCRATCH)  # iterative: a call's code can nest it thousands deep
         for d, before in self._wiped.items():
             if not (root / d).is_dir():
                 continue
             for name in os.listdir(root / d):
                 if name in before:
                     continue
-                p = root / d / name
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
+                rmtree(root / d / name)

@@ -32,6 +32,7 @@ from dsec.node.agent.client import AgentGone, AgentProcess, SpawnRequest
 from dsec.node.backends.base import SandboxRecord
 from dsec.node.backends.container import ContainerBackend
 from dsec.node.backends.fncall.plan import plan_call
+from dsec.node.host import fdtree
 
 __all__ = ["Worker", "WorkerContainers", "WorkerKey", "OVERHEAD_MB"]
 
@@ -131,12 +132,15 @@ class Worker:
         return json.loads(line)
 
     def _upper_paths(self) -> set[str]:
+        """Every path in the writable layer. Iterative (fdtree): what a call left behind
+        may nest past Python 3.11's recursion limit, and must make the worker dirty, not
+        fail the call."""
         upper = self.containers.upper_dir(self.rec)
-        out = set()
-        for root, dirs, files in os.walk(upper):
-            rel = os.path.relpath(root, upper)
-            out.update(os.path.join(rel, n) for n in dirs + files)
-        return out
+        fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return {e.path for e in fdtree.walk(fd, ".")} - {"."}
+        finally:
+            os.close(fd)
 
     # ---- one call ----
     async def call(self, req: FnCallRequest) -> FnCallResult:

@@ -11,6 +11,10 @@ marker if that lands in a protected path, which becomes the same 403 as on the c
 backend, before any byte is streamed. The command itself runs under the same Landlock rules
 as the agent's commands, so a symlink swapped in after that resolution still leads nowhere:
 the guest kernel refuses it (a read then ends mid-stream, not with a 403).
+
+A path under /proc, /sys or /dev (but /dev/shm) is refused by name, as on the container
+backend, so the API means the same everywhere; there the guest's commands would reach its
+own kernel's files, which is no escape, so a symlink to them is left to the guest.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dsec.api.errors import Forbidden, InvalidArgument, NotFound, shorten
 from dsec.api.models import FileInfo
 from dsec.node.backends.microvm.agentsync import SyncCommand
 from dsec.node import protected as prot
-from dsec.node.host.rooted import file_kind, normalize_path
+from dsec.node.host.rooted import KERNEL_FS, SHM, file_kind, kernel_fs_refusal, normalize_path
 
 __all__ = ["AgentFiles"]
 
@@ -177,8 +181,10 @@ class AgentFiles:
         """``path`` normalised; Forbidden if it names a protected path (``tree``: or holds
         one). What symlinks lead to, the guest's Landlock refuses."""
         path = normalize_path(path)
-        (prot.check_tree if tree else prot.check_path)(self.protected, path,
-                                                         posixpath.normpath(path))
+        folded = posixpath.normpath(path)
+        if prot.covering(KERNEL_FS, folded) and not prot.covering((SHM,), folded):
+            raise kernel_fs_refusal(path, folded)
+        (prot.check_tree if tree else prot.check_path)(self.protected, path, folded)
         return path
 
     def stat(self, path: str) -> FileInfo:
