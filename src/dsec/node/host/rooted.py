@@ -93,6 +93,9 @@ class _Errors:
                 raise NotFound(f"no such file or directory in the sandbox: {self.path}") from exc
             if exc.errno == errno.ENOSPC:
                 raise InvalidArgument(f"sandbox disk is full writing {self.path}") from exc
+            if exc.errno == errno.ENOTEMPTY:  # only remove's rmdir meets it
+                raise InvalidArgument(f"{self.path} is a directory that is not empty; pass "
+                                      "recursive=True to remove it with its contents") from exc
             raise InvalidArgument(f"{self.path}: {exc.strerror}") from exc
         return False
 
