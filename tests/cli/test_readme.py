@@ -84,6 +84,8 @@ def test_readme_python_example_runs_as_a_script(readme_server, tmp_path, index):
     code = python_blocks(README.read_text())[index]
     r = run_script(readme_server, tmp_path, code)
     assert r.returncode == 0, f"README example {index + 1} failed:\n{code}\n{r.stdout}{r.stderr}"
+    if index == 1:  # the pty's answer, not only the shell's banner that comes first
+        assert "\n42\n" in r.stdout, r.stdout
 
 
 def test_projects_example_runs(readme_server, tmp_path):

@@ -79,6 +79,24 @@ def test_wrong_token_and_no_server(env):
     assert "cannot reach the dsec server" in one_error_line(r.stderr)
 
 
+def test_a_refused_token_says_where_it_came_from(env, tmp_path):
+    url = env["DSEC_URL"]
+    r = run_cli({**env, "DSEC_TOKEN": "wrong"}, "ls")
+    assert one_error_line(r.stderr) == (
+        "error: missing or wrong bearer token; the token came from DSEC_TOKEN: set "
+        f"DSEC_TOKEN to a token of the server at {url}")
+    (tmp_path / "token").write_text("wrong\n")
+    local = {k: v for k, v in env.items() if k != "DSEC_TOKEN"}
+    r = run_cli({**local, "DSEC_STATE_DIR": str(tmp_path)}, "ls")
+    assert one_error_line(r.stderr) == (
+        f"error: missing or wrong bearer token; the token came from {tmp_path}/token "
+        f"(DSEC_TOKEN is not set): set DSEC_TOKEN to a token of the server at {url}")
+    r = run_cli({**local, "DSEC_STATE_DIR": str(tmp_path / "none")}, "ls")
+    assert one_error_line(r.stderr).startswith(
+        f"error: missing or wrong bearer token; no token: DSEC_TOKEN is not set and "
+        f"{tmp_path}/none/token cannot be read; set DSEC_TOKEN")
+
+
 def test_exec_streams_and_exit_code(cli, sb):
     r = cli("exec", sb.id, "--", "echo hi; echo err >&2; exit 3")
     assert (r.returncode, r.stdout, r.stderr) == (3, "hi\n", "err\n")

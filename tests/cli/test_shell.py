@@ -109,3 +109,15 @@ def test_piped_input_without_a_terminal(env, sb):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 3, r.stderr
     assert "42" in r.stdout.split()
+
+
+@pytest.mark.parametrize("script, code", [
+    (None, 0),       # stdin is /dev/null: the shell ends at once
+    ("false", 1),    # the last line has no newline: it still runs, its status is the shell's
+    ("cat\n", 0),    # a command reading the terminal takes one Ctrl-D; the shell needs another
+], ids=["devnull", "no-newline", "cat"])
+def test_end_of_piped_input_ends_the_session(env, sb, script, code):
+    r = subprocess.run([*DSEC, "shell", sb.id], env=env, input=script,
+                       stdin=subprocess.DEVNULL if script is None else None,
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == code, (r.stdout, r.stderr)

@@ -75,6 +75,21 @@ async def test_memory_hog_is_oom_killed_alone(client):
         await sb.stop()
 
 
+async def test_a_child_killed_for_memory_is_an_oom_kill(client):
+    sb = await client.create(memory_mb=64)
+    try:  # /tmp is in memory: dd is killed, the pipeline's status is tail's
+        r = await sb.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>&1 | tail -2",
+                          timeout=60)
+        assert (r.exit_code, r.stderr, r.oom_killed) == (0, "Killed\n", True)
+    finally:
+        await sb.stop()
+
+
+async def test_a_child_killed_otherwise_is_no_oom_kill(sandbox):
+    r = await sandbox.exec("sh -c 'kill -9 $$'; echo after")
+    assert (r.stdout, r.stderr, r.oom_killed) == ("after\n", "Killed\n", False)
+
+
 async def test_disk_limit_gives_enospc_in_that_sandbox_only(client):
     sb = await client.create(memory_mb=256, disk_mb=16)
     other = await client.create(memory_mb=64)

@@ -257,3 +257,32 @@ async def test_upload_tar_takes_a_file_object_too():
     async with AsyncClient(f"http://127.0.0.1:{free_port()}", "t", timeout=5) as client:
         with pytest.raises(dsec.Unavailable):
             await AsyncSandbox(client, INFO).files.upload_tar(io.BytesIO(_tar()), "/tmp/up")
+
+
+def test_a_call_that_does_not_fit_the_signature_names_it(tmp_path):
+    """The caller's mistake is InvalidArgument showing the signature, on both faces."""
+    with dsec.Client(f"http://127.0.0.1:{free_port()}", "t") as c:
+        sb = dsec.Sandbox._from_async(AsyncSandbox(c._async, INFO))
+        with pytest.raises(dsec.InvalidArgument) as err:
+            sb.files.download("/")
+        assert str(err.value) == ("missing a required argument: 'local'; call it as "
+                                  "Files.download(path, local)")
+        with pytest.raises(dsec.InvalidArgument, match="unexpected keyword argument 'cwdir'; "
+                                                       r"call it as Sandbox.exec_stream\(cmd, "):
+            list(sb.exec_stream("true", cwdir="/"))  # an async generator method
+        with pytest.raises(dsec.InvalidArgument, match="too many positional arguments"):
+            sb.files.remove("/a", True, 3)
+
+
+async def test_a_type_error_inside_the_sdk_stays_internal():
+    from dsec.sdk.boundary import guarded
+
+    @guarded
+    class Probe:
+        async def size(self, items):
+            return len(items)  # a TypeError of the SDK's own making when items is an int
+
+    with pytest.raises(dsec.Internal, match="TypeError"):
+        await Probe().size(3)
+    with pytest.raises(dsec.InvalidArgument, match=r"call it as Probe.size\(items\)"):
+        await Probe().size()

@@ -365,7 +365,11 @@ class ProcessOutcome(BaseModel):
     stderr_truncated: bool = False
     duration_ms: float = 0.0
     timed_out: bool = False
-    oom_killed: bool = False
+    oom_killed: bool = Field(False, description=(
+        "the kernel killed a process of the sandbox for memory during this run: the "
+        "command, or (an exec's) child of it such as one stage of a pipeline, seen when "
+        "the result shows a kill: a SIGKILL, exit status 137 or a shell's 'Killed' on "
+        "stderr"))
 
 
 class ExecResult(ProcessOutcome):

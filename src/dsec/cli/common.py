@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,8 +18,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from dsec.api.errors import DSecError
-from dsec.sdk.client import default_url
+from dsec.api.errors import DSecError, Unauthorized
+from dsec.sdk.client import _state_dir, default_token, default_url
 
 __all__ = ["out", "err", "fail", "cli_errors", "parse_pairs", "age", "mib", "exit_status",
            "server_needed", "DISTRIBUTION", "JsonOpt", "print_json"]
@@ -53,6 +54,8 @@ def cli_errors(fn: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except Unauthorized as exc:
+            fail(f"{exc.message}; {_token_hint()}")
         except DSecError as exc:
             fail(exc.message or type(exc).__name__)
         except pydantic.ValidationError as exc:  # the SDK checks arguments before sending
@@ -64,6 +67,18 @@ def cli_errors(fn: F) -> F:
             err.print("interrupted")
             raise typer.Exit(130) from None
     return wrapper  # type: ignore[return-value]
+
+
+def _token_hint() -> str:
+    """Where the CLI took its token from (in default_token's order), and what to change."""
+    fix = f"set DSEC_TOKEN to a token of the server at {default_url()}"
+    if os.environ.get("DSEC_TOKEN"):
+        return f"the token came from DSEC_TOKEN: {fix}"
+    token_file = _state_dir() / "token"
+    if default_token() is not None:
+        return f"the token came from {token_file} (DSEC_TOKEN is not set): {fix}"
+    return (f"no token: DSEC_TOKEN is not set and {token_file} cannot be read; {fix}, or "
+            "DSEC_STATE_DIR to the state directory of a server on this machine")
 
 
 @contextlib.contextmanager

@@ -27,11 +27,15 @@ from dsec.sdk.pty import open_pty
 __all__ = ["shell", "run_pty"]
 
 CTRL_D = b"\x04"
+# Silence after output taken to mean the shell printed its prompt and waits at it, where a
+# Ctrl-D ends it (the end of piped input, see _eof).
+QUIET_S = 0.2
 
 
 @cli_errors
 def shell(sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="sandbox id")]) -> None:
-    """Open an interactive shell in a sandbox; leave with `exit` or Ctrl-D."""
+    """Open an interactive shell in a sandbox; leave with `exit` or Ctrl-D. Piped input
+    (`dsec shell ID < script`) ends the session at its end, with the shell's status."""
     with dsec.Client() as client:
         client.get(sandbox_id)  # an unknown id fails here, before the terminal changes
     try:
@@ -58,6 +62,7 @@ async def _relay(ws: ClientConnection, in_fd: int, out_fd: int) -> int:
     ended = asyncio.Event()
     got_signal: list[int] = []
     resizes: set[asyncio.Task] = set()  # held so a pending resize is not collected
+    output = asyncio.Event()  # set at each piece of output, for the end of piped input
 
     def on_signal(sig: int) -> None:
         got_signal.append(sig)
@@ -73,8 +78,8 @@ async def _relay(ws: ClientConnection, in_fd: int, out_fd: int) -> int:
     loop.add_signal_handler(signal.SIGWINCH, on_resize)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal, sig)
-    tasks = [asyncio.create_task(_receive(ws, out_fd)),
-             asyncio.create_task(_forward(ws, inbox, tty=os.isatty(in_fd))),
+    tasks = [asyncio.create_task(_receive(ws, out_fd, output)),
+             asyncio.create_task(_forward(ws, inbox, output, tty=os.isatty(in_fd))),
              asyncio.create_task(ended.wait())]
     try:
         await asyncio.wait([tasks[0], tasks[2]], return_when=asyncio.FIRST_COMPLETED)
@@ -111,15 +116,40 @@ def _watch_input(loop: asyncio.AbstractEventLoop, fd: int, inbox: asyncio.Queue[
         return False
 
 
-async def _forward(ws: ClientConnection, inbox: asyncio.Queue[bytes], tty: bool) -> None:
-    """Local input to the sandbox. At the end of piped input, Ctrl-D ends the shell."""
+async def _forward(ws: ClientConnection, inbox: asyncio.Queue[bytes], output: asyncio.Event,
+                   tty: bool) -> None:
+    """Local input to the sandbox. At the end of piped input, end the shell (:func:`_eof`)."""
+    last = b"\n"
     while True:
         chunk = await inbox.get()
         if not chunk:
             if not tty:
-                await _send(ws, CTRL_D)
+                await _eof(ws, output, unfinished=not last.endswith(b"\n"))
             return
+        last = chunk
         await _send(ws, chunk)
+
+
+async def _eof(ws: ClientConnection, output: asyncio.Event, unfinished: bool) -> None:
+    """Type Ctrl-D until the shell exits, as a pipe's end would end ``sh < file``.
+
+    A pty has no end of input, only a Ctrl-D, which is one keystroke for whoever reads
+    then: the shell exits on it only at its prompt, with an empty line; a command running
+    meanwhile takes it as its own end of input (``cat``), or the terminal drops it. So
+    after each Ctrl-D wait for the sandbox to print (a prompt) and fall quiet, then type
+    it again; a command that runs silently for long is not sent a stream of them."""
+    if unfinished:  # the last line has no newline: run it, as sh does at end of a file
+        await _send(ws, b"\n")
+    while True:
+        output.clear()
+        await _send(ws, CTRL_D)
+        await output.wait()
+        while True:
+            output.clear()
+            try:
+                await asyncio.wait_for(output.wait(), QUIET_S)
+            except TimeoutError:
+                break
 
 
 async def _send(ws: ClientConnection, message: bytes | str) -> None:
@@ -129,12 +159,13 @@ async def _send(ws: ClientConnection, message: bytes | str) -> None:
         pass  # the receiver reports how the session ended
 
 
-async def _receive(ws: ClientConnection, out_fd: int) -> int:
+async def _receive(ws: ClientConnection, out_fd: int, output: asyncio.Event) -> int:
     """Sandbox output to ``out_fd`` until the exit frame; returns the exit code."""
     try:
         async for message in ws:
             if isinstance(message, bytes):
                 _write_all(out_fd, message)
+                output.set()
                 continue
             ctl = json.loads(message)
             if "exit" in ctl:

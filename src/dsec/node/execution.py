@@ -5,7 +5,7 @@ flood cannot stall the command). A result keeps what passed in one buffer per st
 decoded once at the end; a stream keeps only a small head of it for the trajectory log, so
 its memory does not grow with the output. Stdin goes a frame at a time, decoded piece by
 piece and drained between frames. The timeout kills the whole process group; an OOM kill
-is told apart from other SIGKILLs by the cgroup's counter.
+(of the command or a child of it) is told apart from other SIGKILLs by the cgroup's counter.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ class OutputCap:
         if data and space > 0:
             self._buf += data if len(data) <= space else data[:space]
         return data
+
+    def holds(self, needle: bytes) -> bool:
+        """Whether what was kept holds ``needle``."""
+        return needle in self._buf
 
     def text(self) -> str:
         """The kept bytes as UTF-8 text (invalid bytes replaced); the buffer is released,
@@ -227,13 +231,24 @@ async def _relay(proc: AgentProcess, req: ExecRequest, stream: bool, t0: float,
         for kind, dec in decoders.items():
             if text := dec.decode(b"", final=True):
                 yield ExecEvent(type=kind, data=text)
-    oom = proc.signal == signal.SIGKILL and backend.oom_kills(rec) > oom_before
+    oom = _shows_a_kill(proc, caps["stderr"]) and backend.oom_kills(rec) > oom_before
     yield ExecEvent(type="exit", result=ExecResult(
         exit_code=proc.exit_code if proc.exit_code is not None else -1,
         stdout=caps["stdout"].text(), stderr=caps["stderr"].text(),
         stdout_truncated=caps["stdout"].truncated, stderr_truncated=caps["stderr"].truncated,
         duration_ms=(time.perf_counter() - t0) * 1000, timed_out=timed_out,
         oom_killed=oom and not timed_out, pid=proc.pid))
+
+
+def _shows_a_kill(proc: AgentProcess, stderr: OutputCap) -> bool:
+    """Whether the result shows that a process of the command may have been SIGKILLed:
+    the command itself, a shell passing on a child's status (137), or a shell's report of
+    a killed child on stderr ("Killed": busybox sh, bash). Only then is the sandbox's OOM
+    counter read a second time, which decides; an exec that shows nothing (``true``)
+    pays no read for it. The price: a child killed silently (its status dropped, its
+    shell's stderr elsewhere or past the output cap) is not reported as an OOM kill."""
+    return (proc.signal == signal.SIGKILL or proc.exit_code == 128 + signal.SIGKILL
+            or stderr.holds(b"Killed"))
 
 
 async def run_exec(backend: Backend, rec: SandboxRecord, req: ExecRequest) -> ExecResult:

@@ -65,13 +65,39 @@ def _url_of(obj: Any) -> str:
     return str(getattr(client, "url", ""))
 
 
+@functools.cache
+def _signature(fn: Callable) -> tuple[inspect.Signature, str]:
+    """``fn``'s signature, and how it reads to a caller: no ``self``, no annotations."""
+    sig = inspect.signature(fn)
+    shown = sig.replace(parameters=[p.replace(annotation=p.empty)
+                                    for p in list(sig.parameters.values())[1:]],
+                        return_annotation=sig.empty)
+    return sig, str(shown)
+
+
+def _wrong_call(exc: Exception, name: str, fn: Callable, args: tuple,
+                kwargs: dict) -> InvalidArgument | None:
+    """The caller's error when ``exc`` is the TypeError of arguments that do not fit
+    ``fn``; None otherwise (a TypeError from inside stays the SDK's own: Internal). Only
+    asked after a TypeError, so a call that fits costs nothing more."""
+    if not isinstance(exc, TypeError):
+        return None
+    sig, shown = _signature(fn)
+    try:
+        sig.bind(None, *args, **kwargs)
+    except TypeError as wrong:
+        return InvalidArgument(f"{wrong}; call it as {name}{shown}")
+    return None
+
+
 def _guard_coroutine(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     async def call(self, *args, **kwargs):
         try:
             return await fn(self, *args, **kwargs)
         except Exception as exc:
-            err = translate(exc, name, _url_of(self))
+            err = _wrong_call(exc, name, fn, args, kwargs) or translate(exc, name,
+                                                                        _url_of(self))
             if err is exc:
                 raise
             raise err from exc
@@ -81,7 +107,10 @@ def _guard_coroutine(name: str, fn: Callable) -> Callable:
 def _guard_generator(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     async def gen(self, *args, **kwargs):
-        agen = fn(self, *args, **kwargs)
+        try:
+            agen = fn(self, *args, **kwargs)  # arguments that do not fit fail here
+        except TypeError as exc:
+            raise (_wrong_call(exc, name, fn, args, kwargs) or translate(exc, name)) from exc
         try:
             async for item in agen:
                 yield item

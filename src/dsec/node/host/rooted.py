@@ -121,6 +121,9 @@ class _Errors:
                 raise InvalidArgument(f"{self.path} goes through a symlink under {SHM}, "
                                       "which the files API does not follow there; name "
                                       "its target, or use exec") from exc
+            if exc.errno == errno.ENOTEMPTY:  # only remove's rmdir meets it
+                raise InvalidArgument(f"{self.path} is a directory that is not empty; pass "
+                                      "recursive=True to remove it with its contents") from exc
             raise InvalidArgument(f"{self.path}: {exc.strerror}") from exc
         return False
 
