@@ -9,6 +9,7 @@ import stat
 import pytest
 
 from dsec.api.errors import InvalidArgument
+from dsec.node.host import fdtree
 
 from .conftest import overlay, snapshot
 
@@ -115,5 +116,12 @@ def test_merge_replaces_a_deep_directory(tmp_path):
         fd = nxt
     os.close(fd)
     (upper / "deep").write_text("now a file")
-    merge_trees([lower, upper], dest, [])
-    assert (dest / "deep").read_text() == "now a file"
+    try:
+        merge_trees([lower, upper], dest, [])
+        assert (dest / "deep").read_text() == "now a file"
+    finally:  # pytest's own removal of old temp dirs recurses: it would fail on this tree
+        top = os.open(lower, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fdtree.remove_tree(top, "deep")
+        finally:
+            os.close(top)
