@@ -18,7 +18,8 @@ from dsec.api.models import (CreateManyRequest, NodeInfo, SandboxInfo, SandboxLi
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
 
-__all__ = ["create_one", "create_batch", "list_all", "healthy_clients", "lost_node", "runs"]
+__all__ = ["create_one", "create_batch", "fan_out", "list_all", "healthy_clients", "lost_node",
+           "runs"]
 
 
 def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
@@ -75,22 +76,30 @@ async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
         tried.append(client.node_id)
 
 
-async def list_all(gw, job: str | None = None, labels: dict[str, str] | None = None,
-                   request_id: str | None = None) -> SandboxList:
-    """The sandboxes of every healthy node; the others are named ``unreachable``."""
+async def fan_out(gw, verb: str, *args, **kw) -> tuple[list, list[str]]:
+    """``verb`` of every healthy node's client at once: the answers, and the nodes that
+    did not answer (left out as unhealthy, or failing now), named rather than failing
+    the whole call."""
     clients, down = healthy_clients(gw)
-    results = await asyncio.gather(*(c.list(job=job, labels=labels or {},
-                                            request_id=request_id) for c in clients),
-                                   return_exceptions=True)
-    out = []
-    for c, r in zip(clients, results):
+    got = await asyncio.gather(*(getattr(c, verb)(*args, **kw) for c in clients),
+                               return_exceptions=True)
+    answers = []
+    for c, r in zip(clients, got):
         if isinstance(r, DSecError):
             down.append(c.node_id)
         elif isinstance(r, BaseException):
             raise r
         else:
-            out.extend(r)
-    return SandboxList(sandboxes=out, unreachable=down)
+            answers.append(r)
+    return answers, down
+
+
+async def list_all(gw, job: str | None = None, labels: dict[str, str] | None = None,
+                   request_id: str | None = None) -> SandboxList:
+    """The sandboxes of every healthy node; the others are named ``unreachable``."""
+    parts, down = await fan_out(gw, "list", job=job, labels=labels or {},
+                                request_id=request_id)
+    return SandboxList(sandboxes=[i for part in parts for i in part], unreachable=down)
 
 
 def runs(indices: Iterable[int]) -> list[tuple[int, int]]:
@@ -115,14 +124,9 @@ async def _existing(gw, request_id: str) -> dict[int, SandboxInfo]:
     were found (so this is a retry) and nodes did not answer, the items not found may be
     on those: NodeLost, rather than make them a second time elsewhere. (A retry all of
     whose items are on nodes that do not answer cannot be told from a first attempt.)"""
-    clients, down = healthy_clients(gw)
-    found = await asyncio.gather(*(c.list(request_id=request_id) for c in clients),
-                                 return_exceptions=True)
+    found, down = await fan_out(gw, "list", request_id=request_id)
     out: dict[int, SandboxInfo] = {}
-    for c, infos in zip(clients, found):
-        if not isinstance(infos, list):
-            down.append(c.node_id)
-            continue
+    for infos in found:
         for info in infos:
             i = _index(info, request_id)
             if i is not None:

@@ -3,14 +3,12 @@ whichever nodes they are; each verb fans out to every healthy node."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 
-from dsec.api.errors import DSecError, NodeLost, NotFound
+from dsec.api.errors import NodeLost, NotFound
 from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
 from dsec.gateway.routes.common import gateway_of
-from dsec.gateway.spread import healthy_clients, list_all
+from dsec.gateway.spread import fan_out, list_all
 from dsec.rl.jobs import merge_job_infos
 
 __all__ = ["router"]
@@ -18,25 +16,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/jobs")
 
 
-async def _fan_out(request: Request, verb: str, *args) -> tuple[list, list[str]]:
-    """``verb`` of every healthy node's client: the answers, and the nodes that did not
-    answer (left out before, or failing now), named rather than failing the whole call."""
-    clients, down = healthy_clients(gateway_of(request))
-    got = await asyncio.gather(*(getattr(c, verb)(*args) for c in clients),
-                               return_exceptions=True)
-    answers = []
-    for c, r in zip(clients, got):
-        if isinstance(r, DSecError):
-            down.append(c.node_id)
-        elif isinstance(r, BaseException):
-            raise r
-        else:
-            answers.append(r)
-    return answers, down
-
-
 async def _all(request: Request) -> JobList:
-    parts, down = await _fan_out(request, "jobs")
+    parts, down = await fan_out(gateway_of(request), "jobs")
     return JobList(jobs=merge_job_infos([{j.job: j for j in part} for part in parts]),
                    unreachable=down)
 
@@ -54,7 +35,7 @@ async def _one(request: Request, job: str, down: list[str] = ()) -> JobInfo:
 
 async def _each(request: Request, verb: str, *args) -> list[str]:
     """``verb`` on every node; the nodes it may not have reached."""
-    return (await _fan_out(request, verb, *args))[1]
+    return (await fan_out(gateway_of(request), verb, *args))[1]
 
 
 @router.get("", response_model=JobList)
