@@ -25,24 +25,30 @@ SPEC = SandboxSpec(cpu=0.05, memory_mb=64)
 
 
 @pytest.fixture
-async def gw(tmp_path):
-    """A gateway's placement over two nodes, the first one killed after the last probe
-    and made the emptiest, so placement picks it first (k=2 draws both nodes)."""
+async def both(tmp_path):
+    """A gateway's placement over two nodes that both answer (until a test kills one)."""
     nodes = SimulatedNodes(tmp_path, 2, TOKEN)
     await nodes.start()
     cluster = StaticCluster(nodes.urls, TOKEN)
     await cluster.discover()
     watcher = Watcher(cluster, period_s=3600.0, stale_after_s=3600.0)
-    await watcher.refresh()  # both answered; no further probe (no loop started)
-    dead, alive = (n.node.node_id for n in nodes.nodes)
-    assert watcher.healthy(dead) and watcher.healthy(alive)
-    watcher.pending.add(alive, 5, watcher.clock())
-    await nodes.kill(0)
+    await watcher.refresh()
+    first, second = (n.node.node_id for n in nodes.nodes)
     yield SimpleNamespace(placer=Placer(cluster, watcher, k=2), watcher=watcher,
-                          cluster=cluster, nodes=nodes, dead=dead, alive=alive)
+                          cluster=cluster, nodes=nodes, dead=first, alive=second)
     for c in cluster.clients():
         await c.close()
     await nodes.close()
+
+
+@pytest.fixture
+async def gw(both):
+    """The same, the first node killed after the last probe and made the emptiest, so
+    placement picks it first (k=2 draws both nodes)."""
+    assert both.watcher.healthy(both.dead) and both.watcher.healthy(both.alive)
+    both.watcher.pending.add(both.alive, 5, both.watcher.clock())
+    await both.nodes.kill(0)
+    yield both
 
 
 async def test_a_create_whose_connect_failed_is_made_on_another_node(gw):
@@ -89,23 +95,6 @@ async def test_a_keyed_create_whose_node_is_marked_lost_is_not_made_elsewhere(gw
     assert gw.nodes.sandboxes()[gw.alive] == 0
     made = await create_one(gw, SandboxSpec(cpu=0.05, memory_mb=64, request_id=other))
     assert made.node == gw.alive  # keys of the nodes that answer are served as ever
-
-
-@pytest.fixture
-async def both(tmp_path):
-    """A gateway's placement over two nodes that both answer (until a test kills one)."""
-    nodes = SimulatedNodes(tmp_path, 2, TOKEN)
-    await nodes.start()
-    cluster = StaticCluster(nodes.urls, TOKEN)
-    await cluster.discover()
-    watcher = Watcher(cluster, period_s=3600.0, stale_after_s=3600.0)
-    await watcher.refresh()
-    first, second = (n.node.node_id for n in nodes.nodes)
-    yield SimpleNamespace(placer=Placer(cluster, watcher, k=2), watcher=watcher,
-                          cluster=cluster, nodes=nodes, dead=first, alive=second)
-    for c in cluster.clients():
-        await c.close()
-    await nodes.close()
 
 
 async def test_a_keyed_batch_retried_while_a_node_is_lost_is_not_made_again(both):
