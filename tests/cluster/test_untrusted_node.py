@@ -96,6 +96,7 @@ async def liar():
         "/v1/sandboxes/sb-liar-1": _answer(200, b'{"id": 5}'),
         "/v1/sandboxes/sb-liar-1/exec": _answer(200, b"[[[["),
         "/v1/jobs": _answer(200, b"<html>proxy</html>"),
+        "/v1/nodes": _answer(200, b"[]"),  # a node list without itself
         "/v1/sandboxes/sb-liar-1/pause": _answer(401, b'{"detail": "who are you"}'),
         "/v1/sandboxes/sb-liar-1/resume": _answer(502, b"<html>bad gateway</html>"),
     }
@@ -123,6 +124,7 @@ VERBS = {
     "get": lambda c: c.get("sb-liar-1"),
     "exec": lambda c: c.exec("sb-liar-1", ExecRequest(cmd="true")),
     "jobs": lambda c: c.jobs(),
+    "node_info": lambda c: c.node_info(),
     "pause (a 401: it refuses the gateway's credential)": lambda c: c.pause("sb-liar-1"),
     "resume (a proxy's page)": lambda c: c.resume("sb-liar-1"),
 }

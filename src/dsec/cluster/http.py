@@ -186,15 +186,15 @@ class HttpNodeClient:
         """The error a node answered. Only a dsec error body is believed: anything else
         (a 401, which means the node refuses this gateway's cluster credential, not the
         caller's token; a proxy's page) is the node's failure."""
+        if status == 401:
+            return self._untrusted(PermissionError(
+                "HTTP 401: it refuses this gateway's cluster credential"))
         try:
             body = json.loads(content)
         except ValueError:
             body = None
-        if status != 401 and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
             return error_from_wire(body, status)
-        if status == 401:
-            return self._untrusted(PermissionError(
-                "HTTP 401: it refuses this gateway's cluster credential"))
         return self._untrusted(ValueError(f"HTTP {status} with no dsec error in it"))
 
     def _own(self, info: SandboxInfo) -> SandboxInfo:
@@ -326,7 +326,10 @@ class HttpNodeClient:
 
     async def node_info(self) -> NodeInfo:
         infos = [NodeInfo.model_validate(d) for d in await self._json("GET", "/v1/nodes")]
-        return next(i for i in infos if i.id == self.node_id)
+        for info in infos:
+            if info.id == self.node_id:
+                return info
+        raise ValueError(f"its node list does not hold {self.node_id}")
 
     # ---- sandboxes ----
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
@@ -570,8 +573,7 @@ def _checked(verb):
         mark = _ANSWERED.set(False)
         try:
             return await verb(self, *args, **kw)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError,
-                StopIteration) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             # only what the node answered is held against it: a request this side could
             # not even build (a caller's odd input) must not get a node distrusted
             if isinstance(exc, DSecError) or not _ANSWERED.get():

@@ -206,7 +206,7 @@ class Watcher:
         self._put(replace(view, error=why, distrusted_until=self.clock() + self.distrust_s))
         client = self._clients.get(node_id)
         if client is not None:
-            self._changed(client, True)
+            self._changed(client)
 
     def _members(self) -> list[NodeClient]:
         clients = self.cluster.clients()
@@ -246,11 +246,10 @@ class Watcher:
                                        if self._probing.get(k) is t else None)
 
     async def _refresh_one(self, client: NodeClient) -> None:
-        was = self.healthy(client.node_id)
         await self._probe(client)
-        self._changed(client, was)
+        self._changed(client)
 
-    def _changed(self, client: NodeClient, was: bool) -> None:
+    def _changed(self, client: NodeClient) -> None:
         """A node marked unhealthy has what is in flight to it ended (NodeLost) rather
         than left waiting as long as it hangs, except its creates; one silent for
         ``abort_after_s`` has those ended too; one that answers again is revived. Not

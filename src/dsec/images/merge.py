@@ -22,20 +22,9 @@ from dsec.node.host import fdtree
 __all__ = ["merge_trees"]
 
 
-def _rmtree(path: str) -> None:
-    """``shutil.rmtree(path)`` at any depth: a layer from a sandbox's pack_diff can nest a
-    directory past the recursion limit, where Python 3.11's rmtree recurses per level."""
-    parent, name = os.path.split(path)
-    fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fdtree.remove_tree(fd, name)
-    finally:
-        os.close(fd)
-
-
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
-        _rmtree(path)
+        fdtree.remove_path(path)  # at any depth: a pack_diff layer can nest past 1,000
     elif os.path.lexists(path):
         os.unlink(path)
 
@@ -59,7 +48,7 @@ def _apply(src_root: str, dest_root: str, below: list[pathlib.Path]) -> None:
             if replaced_other:
                 _remove(dst)
             if is_opaque(src) and os.path.isdir(dst):
-                _rmtree(dst)
+                fdtree.remove_path(dst)
             if not os.path.lexists(dst):
                 os.mkdir(dst)
             dirs.append((src, dst, st, replaced_other))

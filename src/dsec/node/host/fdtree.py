@@ -15,7 +15,7 @@ import stat as st
 from collections.abc import Iterator
 from typing import NamedTuple
 
-__all__ = ["Entry", "walk", "remove_tree", "rmtree"]
+__all__ = ["Entry", "walk", "remove_tree", "remove_path", "rmtree"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -103,18 +103,20 @@ def remove_tree(dfd: int, name: str) -> None:
                 pass
 
 
-def rmtree(path: str | os.PathLike[str]) -> None:
-    """``shutil.rmtree(path, ignore_errors=True)`` at any depth, for a work directory that
-    holds a copy of a sandbox's tree (Python 3.11's rmtree recurses per level, and its
-    RecursionError is not an ignored OSError)."""
+def remove_path(path: str | os.PathLike[str]) -> None:
+    """``shutil.rmtree(path)`` at any depth (Python 3.11's recurses per level)."""
     parent, name = os.path.split(os.path.abspath(path))
-    try:
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         remove_tree(fd, name)
-    except OSError:
-        pass
     finally:
         os.close(fd)
+
+
+def rmtree(path: str | os.PathLike[str]) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` at any depth, for a work directory that
+    holds a copy of a sandbox's tree (its RecursionError would not be an ignored OSError)."""
+    try:
+        remove_path(path)
+    except OSError:
+        pass

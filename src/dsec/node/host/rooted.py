@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import posixpath
 import stat as st
@@ -217,13 +218,17 @@ class RootedFiles:
     def _where(self, fd: int) -> str:
         """The sandbox path the kernel resolved ``fd`` to."""
         real = os.readlink(f"/proc/self/fd/{fd}")
-        for top, at in ((self.root, "/"), (self.shm, SHM)):
-            if top is None:
-                continue
-            top = os.path.realpath(top)
+        for top, at in self._tops:
             if real == top or real.startswith(top.rstrip("/") + "/"):
                 return posixpath.join(at, real[len(top):].lstrip("/")).rstrip("/") or "/"
         raise InvalidArgument(f"{real} is outside the sandbox root")  # cannot happen
+
+    @functools.cached_property
+    def _tops(self) -> list[tuple[str, str]]:
+        """(host directory, sandbox path) of the root and /dev/shm, resolved once: every
+        file operation names what the kernel opened by them (_where)."""
+        return [(os.path.realpath(top), at) for top, at in ((self.root, "/"), (self.shm, SHM))
+                if top is not None]
 
     def _guard(self, fd: int, asked: str, name: str | None = None) -> None:
         """Close ``fd`` and raise Forbidden if it (or its entry ``name``) is protected, by
