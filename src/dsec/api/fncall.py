@@ -15,7 +15,8 @@ from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, PlainValida
                       field_validator, model_validator)
 
 from dsec.api.errors import RemoteError, SandboxTimeout
-from dsec.api.limits import DEFAULT_LIMITS as _L, RequestModel, check_argv, check_env
+from dsec.api.limits import (DEFAULT_LIMITS as _L, RequestModel, check_argv, check_env,
+                             check_path)
 from dsec.api.models import ProcessOutcome
 
 __all__ = ["Language", "FnCallRequest", "FnCallResult", "FnCallBatch", "FnCallBatchResult",
@@ -41,11 +42,19 @@ Blob = Annotated[bytes, PlainValidator(_from_wire),
                                  when_used="json")]
 
 
+# directories deep a call's file may sit: deeper is a hostile tree, not a project layout
+MAX_FILE_DEPTH = 64
+
+
 def _relative(path: str) -> str:
     norm = posixpath.normpath(path)
     if not path or path.startswith("/") or norm == ".." or norm.startswith("../") or "\0" in path:
         raise ValueError(f"file paths must be relative to the call's directory and stay "
                          f"inside it; got {path!r}")
+    check_path(norm, "a file path")
+    if (depth := norm.count("/")) > MAX_FILE_DEPTH:
+        raise ValueError(f"file path {norm[:60]!r}... is {depth} directories deep; at most "
+                         f"{MAX_FILE_DEPTH}")
     return norm
 
 

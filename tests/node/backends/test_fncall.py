@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import httpx
 import pytest
 
 import dsec
@@ -319,3 +320,20 @@ async def test_a_deep_tree_is_cleaned_by_a_busybox_worker(fc):
     assert first.files == {"out.txt": b"made\n"}
     nxt = await same_worker(fc, first, "ls -A . /tmp", 210, language="sh", image="busybox")
     assert nxt.stdout.split() == [".:", "main.sh", "/tmp:"], nxt
+
+
+async def test_a_deep_input_file_path_is_refused_and_the_pool_carries_on(fn_server, fc):
+    """Input files build the call's directory on the node: a path thousands of directories
+    deep (past 3.11's os.walk recursion) is refused by name before any worker sees it,
+    from the SDK and from a raw request alike."""
+    deep = {"d/" * DEEP + "f": b"x"}
+    with pytest.raises(dsec.InvalidArgument, match="directories deep; at most"):
+        await fc.fncall("print(1)", files=deep, memory_mb=211)
+    async with httpx.AsyncClient(base_url=fn_server.url, timeout=120,
+                                 headers={"Authorization": f"Bearer {fn_server.token}"}) as h:
+        r = await h.post("/v1/fncall", json={"code": "print(1)", "memory_mb": 211,
+                                             "files": {k: "eA==" for k in deep}})
+    assert r.status_code == 400 and "directories deep; at most" in r.text, r.text
+    ok = await fc.fncall("print(open('d/' * 64 + 'f').read())",
+                         files={"d/" * 64 + "f": b"deep enough"}, memory_mb=211)
+    assert (ok.exit_code, ok.stdout) == (0, "deep enough\n"), ok
