@@ -24,6 +24,7 @@ __all__ = [
     "HeartbeatRequest",
     "JobInfo",
     "JobList",
+    "merge_job_infos",
 ]
 
 StepKind = Literal["exec", "shell_run", "file_write", "pack_diff"]
@@ -127,3 +128,23 @@ class JobList(BaseModel):
     jobs: list[JobInfo]
     unreachable: list[str] = Field(default_factory=list, description=(
         "nodes that did not answer: their sandboxes' jobs are not in the list"))
+
+
+def merge_job_infos(parts: list[dict[str, JobInfo]]) -> list[JobInfo]:
+    """Sum per-node shares into one record per job; pure."""
+    out: dict[str, JobInfo] = {}
+    for part in parts:
+        for job, p in part.items():
+            o = out.get(job)
+            if o is None:
+                out[job] = p.model_copy(deep=True)
+                continue
+            o.sandboxes += p.sandboxes
+            for s, n in p.states.items():
+                o.states[s] = o.states.get(s, 0) + n
+            o.cpu += p.cpu
+            o.memory_mb += p.memory_mb
+            o.memory_used_mb += p.memory_used_mb
+            o.lease_expires_at = o.lease_expires_at or p.lease_expires_at
+            o.stop_at = o.stop_at or p.stop_at
+    return sorted(out.values(), key=lambda j: j.job)

@@ -30,7 +30,7 @@ from dsec.node.network import audit_records, network_status, set_network
 from dsec.node.protected import covering
 from dsec.node.service import NodeService
 from dsec.placement.admission import NodeLoad
-from dsec.rl import jobs as joblib
+from dsec.node import jobs as joblib
 from dsec.trajectory.recorder import FileWriteTap
 
 __all__ = ["LocalCluster", "LocalNodeClient", "MAX_TAR_BYTES"]

@@ -41,7 +41,7 @@ from dsec.placement.admission import NodeLoad, admit, fitting
 from dsec.node.host.netpolicy import NetworkManager
 from dsec.node.network import keep_network_audit
 from dsec.node.protection import check_protection
-from dsec.rl.jobs import reap_leases
+from dsec.node.jobs import reap_leases
 from dsec.trajectory.recorder import Recorder, recorded, recorded_stream
 from dsec.wal import Checkpointer, checkpoint_forever
 

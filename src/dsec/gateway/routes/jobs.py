@@ -6,10 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from dsec.api.errors import NodeLost, NotFound
-from dsec.api.rl import HeartbeatRequest, JobInfo, JobList
+from dsec.api.rl import HeartbeatRequest, JobInfo, JobList, merge_job_infos
 from dsec.gateway.routes.common import gateway_of
 from dsec.gateway.spread import fan_out, list_all
-from dsec.rl.jobs import merge_job_infos
 
 __all__ = ["router"]
 

@@ -1,7 +1,7 @@
 """Lease decisions and the merge of per-node job shares: pure."""
 
-from dsec.api.rl import JobInfo
-from dsec.rl.jobs import Lease, lease_action, merge_job_infos
+from dsec.api.rl import JobInfo, merge_job_infos
+from dsec.node.jobs import Lease, lease_action
 
 
 def test_a_fresh_lease_keeps_the_job():

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dsec.node.service import NodeService
 
 __all__ = ["Lease", "lease_action", "JobLeases", "pause_job", "resume_job", "stop_job",
-           "job_infos", "merge_job_infos", "reap_leases"]
+           "job_infos", "reap_leases"]
 
 
 @dataclass
@@ -126,26 +126,6 @@ def job_infos(node: NodeService) -> dict[str, JobInfo]:
         info = out.setdefault(lease.job, JobInfo(job=lease.job, sandboxes=0))
         info.lease_expires_at, info.stop_at = lease.expires_at, lease.stop_at
     return out
-
-
-def merge_job_infos(parts: list[dict[str, JobInfo]]) -> list[JobInfo]:
-    """Sum per-node shares into one record per job; pure."""
-    out: dict[str, JobInfo] = {}
-    for part in parts:
-        for job, p in part.items():
-            o = out.get(job)
-            if o is None:
-                out[job] = p.model_copy(deep=True)
-                continue
-            o.sandboxes += p.sandboxes
-            for s, n in p.states.items():
-                o.states[s] = o.states.get(s, 0) + n
-            o.cpu += p.cpu
-            o.memory_mb += p.memory_mb
-            o.memory_used_mb += p.memory_used_mb
-            o.lease_expires_at = o.lease_expires_at or p.lease_expires_at
-            o.stop_at = o.stop_at or p.stop_at
-    return sorted(out.values(), key=lambda j: j.job)
 
 
 async def reap_leases(node: NodeService, now: float) -> None:
