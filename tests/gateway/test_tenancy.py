@@ -1,0 +1,117 @@
+"""Multi-tenancy against the real server: a token of one project neither reaches nor
+learns of another project's sandboxes, shells, processes, jobs, images and tokens, and a
+role does no more than it may.
+
+Layout: ``<name>`` (a parent) with two children ``<name>/a`` and ``<name>/b``. Another
+project's object answers exactly what a missing one does (status and body, up to the id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+
+import httpx
+import pytest
+
+import dsec
+
+
+@pytest.fixture
+def name() -> str:
+    return f"t{secrets.token_hex(4)}"
+
+
+class Tenants:
+    """Tokens of the parent and of both children, and raw HTTP clients with them."""
+
+    def __init__(self, url: str, name: str, tokens: dict[str, str]) -> None:
+        self.url, self.name, self.tokens = url, name, tokens
+        self.http = {k: httpx.AsyncClient(base_url=url, timeout=60,
+                                          headers={"authorization": f"Bearer {t}"})
+                     for k, t in tokens.items()}
+
+    def sdk(self, key: str) -> dsec.AsyncClient:
+        return dsec.AsyncClient(self.url, self.tokens[key])
+
+    async def close(self) -> None:
+        for h in self.http.values():
+            await h.aclose()
+
+
+@pytest.fixture
+async def tenants(client, name):
+    await client.projects.create(name)
+    for child in ("a", "b"):
+        await client.projects.create(f"{name}/{child}")
+    tokens = {"parent": await client.projects.create_token(name, role="user")}
+    for child in ("a", "b"):
+        for role in ("viewer", "user", "admin"):
+            tokens[f"{child}:{role}"] = await client.projects.create_token(
+                f"{name}/{child}", role=role)
+    t = Tenants(client.url, name, tokens)
+    try:
+        yield t
+    finally:
+        await t.close()
+        async with t.sdk("parent") as c:  # the parent's token reaches both children
+            await c.stop_all()
+
+
+def _missing(sb_id: str) -> str:
+    """An id on the same node that names no sandbox."""
+    return sb_id[:-12] + secrets.token_hex(6)
+
+
+def _shape(r: httpx.Response, *ids: str) -> tuple[int, str]:
+    """Status and body with the ids asked about blanked: what may differ between two
+    answers that must say the same."""
+    body = r.text
+    for i in ids:
+        body = body.replace(i, "ID")
+    return r.status_code, body
+
+
+async def _wait_ended(http: httpx.AsyncClient, sb_id: str, timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if (await http.get(f"/v1/sandboxes/{sb_id}")).status_code != 200:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{sb_id} did not end within {timeout}s")
+
+
+# ---- jobs ----
+
+async def test_another_projects_job_lease_is_not_listed(tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    job = f"run-{secrets.token_hex(3)}"
+    r = await a.post("/v1/sandboxes", json={"memory_mb": 64, "job": job})
+    assert r.status_code == 201, r.text
+    assert (await a.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 3600})).status_code == 200
+    assert job not in [j["job"] for j in (await b.get("/v1/jobs")).json()["jobs"]]
+    gone = f"run-{secrets.token_hex(3)}"
+    assert _shape(await b.get(f"/v1/jobs/{job}"), job) == \
+        _shape(await b.get(f"/v1/jobs/{gone}"), gone)
+    # the parent sees its children's jobs and their leases
+    parent = (await tenants.http["parent"].get(f"/v1/jobs/{job}")).json()
+    assert parent["sandboxes"] == 1 and parent["lease_expires_at"] is not None
+
+
+async def test_another_projects_heartbeat_neither_stops_nor_unleases_a_job(tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    job = f"run-{secrets.token_hex(3)}"
+    sb = (await a.post("/v1/sandboxes", json={"memory_mb": 64, "job": job})).json()["id"]
+    lease = (await a.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 3600})).json()
+    # B's lease of the same name lapses at once and asks for a stop right after
+    r = await b.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 0.01, "stop_after_s": 0.01})
+    assert r.status_code == 200 and r.json()["sandboxes"] == 0
+    await asyncio.sleep(2.5)  # the reaper runs every second
+    got = await a.get(f"/v1/sandboxes/{sb}")
+    assert got.status_code == 200 and got.json()["state"] == "running", got.text
+    assert (await b.delete(f"/v1/jobs/{job}")).status_code == 204  # stops none of A's
+    assert (await a.get(f"/v1/sandboxes/{sb}")).status_code == 200
+    mine = (await a.get(f"/v1/jobs/{job}")).json()
+    assert mine["lease_expires_at"] == pytest.approx(lease["lease_expires_at"])
