@@ -115,3 +115,22 @@ async def test_another_projects_heartbeat_neither_stops_nor_unleases_a_job(tenan
     assert (await a.get(f"/v1/sandboxes/{sb}")).status_code == 200
     mine = (await a.get(f"/v1/jobs/{job}")).json()
     assert mine["lease_expires_at"] == pytest.approx(lease["lease_expires_at"])
+
+
+# ---- sandboxes, shells ----
+
+async def test_another_projects_shell_is_not_found_and_stays_open(tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    sb = (await a.post("/v1/sandboxes", json={"memory_mb": 64})).json()["id"]
+    sh = (await a.post(f"/v1/sandboxes/{sb}/shells")).json()["id"]
+    other = "sh-" + secrets.token_hex(6)
+    for method, tail, body in (("DELETE", "", None), ("POST", "/run", {"cmd": "true"})):
+        got = await b.request(method, f"/v1/sandboxes/{sb}/shells/{sh}{tail}", json=body)
+        gone = _missing(sb)
+        want = await b.request(method, f"/v1/sandboxes/{gone}/shells/{other}{tail}",
+                               json=body)
+        assert got.status_code == 404, got.text
+        assert _shape(got, sb, sh) == _shape(want, gone, other)
+    r = await a.post(f"/v1/sandboxes/{sb}/shells/{sh}/run", json={"cmd": "echo still"})
+    assert r.status_code == 200 and r.json()["stdout"] == "still\n", r.text
+

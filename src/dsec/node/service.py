@@ -599,6 +599,7 @@ class NodeService:
         return await self._shell(sb_id, sh_id).run(self._bounded(req))
 
     async def shell_close(self, sb_id: str, sh_id: str) -> None:
+        self._get(sb_id)  # another project's sandbox (and so its shells) is not found
         self._shell(sb_id, sh_id)
         self.shells.pop(sh_id).close()
 
