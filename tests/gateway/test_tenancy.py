@@ -134,3 +134,19 @@ async def test_another_projects_shell_is_not_found_and_stays_open(tenants):
     r = await a.post(f"/v1/sandboxes/{sb}/shells/{sh}/run", json={"cmd": "echo still"})
     assert r.status_code == 200 and r.json()["stdout"] == "still\n", r.text
 
+
+async def test_another_projects_ended_sandbox_answers_as_a_missing_one(tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    sb = (await a.post("/v1/sandboxes", json={"memory_mb": 64, "ttl_s": 1})).json()["id"]
+    await _wait_ended(a, sb)
+    assert (await a.get(f"/v1/sandboxes/{sb}")).json()["error"]["code"] == "stopped"
+    gone = _missing(sb)
+    for method, tail, body in (("GET", "", None), ("DELETE", "", None),
+                               ("POST", "/exec", {"cmd": "true"}),
+                               ("GET", "/trajectory", None), ("GET", "/processes", None)):
+        got = await b.request(method, f"/v1/sandboxes/{sb}{tail}", json=body)
+        want = await b.request(method, f"/v1/sandboxes/{gone}{tail}", json=body)
+        assert _shape(got, sb) == _shape(want, gone), (method, tail)
+    # its own project (and the parent) still hear why it ended
+    r = await tenants.http["parent"].get(f"/v1/sandboxes/{sb}")
+    assert r.json()["error"]["code"] == "stopped"

@@ -203,7 +203,8 @@ class NodeService:
             # Why it ends is known before the stop begins, so a request that arrives
             # while it stops hears "expired", as one that comes after it.
             if rec.expires_at is not None and now >= rec.expires_at:
-                self.ended.remember(rec.id, "expired (its timeout ran out)")
+                self.ended.remember(rec.id, "expired (its timeout ran out)",
+                                    project=rec.spec.project)
                 await self.stop(rec.id)
             elif rec.spec.idle_ttl_s and self._idle_for(rec, now) >= rec.spec.idle_ttl_s:
                 if rec.spec.on_idle == "pause":
@@ -211,7 +212,7 @@ class NodeService:
                         await self.pause(rec.id)
                 else:
                     self.ended.remember(rec.id, f"expired (idle for {rec.spec.idle_ttl_s:g}s, "
-                                                "its idle_ttl_s)")
+                                                "its idle_ttl_s)", project=rec.spec.project)
                     await self.stop(rec.id)
 
     def _idle_for(self, rec: SandboxRecord, now: float) -> float:
