@@ -150,3 +150,109 @@ async def test_another_projects_ended_sandbox_answers_as_a_missing_one(tenants):
     # its own project (and the parent) still hear why it ended
     r = await tenants.http["parent"].get(f"/v1/sandboxes/{sb}")
     assert r.json()["error"]["code"] == "stopped"
+
+
+# ---- every sandbox route of the OpenAPI document ----
+
+BODIES = {  # a valid body of each request model a sandbox route takes
+    "ExecRequest": {"cmd": "true"}, "ShellRunRequest": {"cmd": "true"},
+    "PackDiffRequest": {"tag": "tenancy/probe:v1"}, "InputRequest": {"text": "a"},
+    "NetworkRequest": {"allow": {}}, "TimeoutRequest": {"timeout_s": 600},
+    "ProcessRequest": {"cmd": "true"}, "ProcessWaitRequest": {"timeout": 0},
+    "SignalRequest": {"signal": 28}, "StdinRequest": {"data": ""},
+    "PtySize": {"rows": 24, "cols": 80},
+}
+
+
+def _sandbox_routes(doc: dict) -> list[tuple[str, str, dict]]:
+    """(method, path, operation) of every route naming a sandbox; stops last."""
+    out = [(m.upper(), p, op) for p, ops in doc["paths"].items() if "{sb_id}" in p
+           for m, op in ops.items()]
+    assert len(out) >= 30, [p for _, p, _ in out]  # the document lists them all
+    return sorted(out, key=lambda r: (r[0] == "DELETE" and r[1] == "/v1/sandboxes/{sb_id}"))
+
+
+def _call(method: str, path: str, op: dict, ids: dict[str, str]) -> dict:
+    """The request ``op`` takes, with ``ids`` in its path."""
+    kw: dict = {"params": {q["name"]: "/tmp" for q in op.get("parameters", [])
+                           if q["in"] == "query" and q.get("required")}}
+    body = op.get("requestBody", {}).get("content", {})
+    if "application/json" in body:
+        model = body["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        assert model in BODIES, f"{method} {path}: add a valid {model} to BODIES"
+        kw["json"] = BODIES[model]
+    elif method == "PUT":
+        kw["content"] = b""
+    for k, v in ids.items():
+        path = path.replace("{" + k + "}", v)
+    return {"method": method, "url": path, **kw}
+
+
+@pytest.fixture
+async def victim(tenants):
+    """A's sandbox with an open shell and a running background process."""
+    a = tenants.http["a:user"]
+    sb = (await a.post("/v1/sandboxes", json={"memory_mb": 64})).json()["id"]
+    sh = (await a.post(f"/v1/sandboxes/{sb}/shells")).json()["id"]
+    pid = (await a.post(f"/v1/sandboxes/{sb}/processes",
+                        json={"cmd": "sleep 600", "stdin_open": True})).json()["pid"]
+    return {"sb_id": sb, "sh_id": sh, "pid": str(pid)}
+
+
+async def _untouched(a: httpx.AsyncClient, v: dict) -> None:
+    sb = v["sb_id"]
+    assert (await a.get(f"/v1/sandboxes/{sb}")).json()["state"] == "running"
+    r = await a.post(f"/v1/sandboxes/{sb}/shells/{v['sh_id']}/run", json={"cmd": "echo ok"})
+    assert r.json()["stdout"] == "ok\n", r.text
+    assert (await a.get(f"/v1/sandboxes/{sb}/processes/{v['pid']}")).json()["running"]
+
+
+async def test_every_sandbox_route_answers_another_project_as_a_missing_id(
+        tenants, victim, server):
+    async with httpx.AsyncClient(base_url=server.url,
+                                 headers={"authorization": f"Bearer {server.token}"}) as root:
+        doc = (await root.get("/openapi.json")).json()
+    parent = tenants.http["parent"]
+    theirs = (await parent.post("/v1/sandboxes", json={"memory_mb": 64})).json()["id"]
+    gone = {"sb_id": _missing(victim["sb_id"]), "sh_id": "sh-" + secrets.token_hex(6),
+            "pid": victim["pid"]}
+    pairs = [("b:user", victim),  # a sibling's
+             ("a:user", {**victim, "sb_id": theirs})]  # the parent's, to a child
+    wrong = []
+    for method, path, op in _sandbox_routes(doc):
+        for who, ids in pairs:
+            http = tenants.http[who]
+            got = await http.request(**_call(method, path, op, ids))
+            want = await http.request(**_call(method, path, op, gone))
+            if got.status_code != 404 or _shape(got, *ids.values()) != \
+                    _shape(want, *gone.values()):
+                wrong.append(f"{who} {method} {path}: {got.status_code} {got.text[:160]} "
+                             f"(a missing id: {want.status_code} {want.text[:160]})")
+    assert not wrong, "\n".join(wrong)
+    await _untouched(tenants.http["a:user"], victim)
+    assert (await parent.get(f"/v1/sandboxes/{victim['sb_id']}")).status_code == 200
+
+
+async def test_a_viewer_may_change_nothing_and_a_revoked_token_reach_nothing(
+        tenants, victim, server, client):
+    async with httpx.AsyncClient(base_url=server.url,
+                                 headers={"authorization": f"Bearer {server.token}"}) as root:
+        doc = (await root.get("/openapi.json")).json()
+    viewer = tenants.http["a:viewer"]
+    made = await client.projects.create_token_info(f"{tenants.name}/a", role="admin")
+    await client.projects.revoke_token(made.id)
+    revoked = httpx.AsyncClient(base_url=server.url,
+                                headers={"authorization": f"Bearer {made.token}"})
+    wrong = []
+    async with revoked:
+        for method, path, op in _sandbox_routes(doc):
+            req = _call(method, path, op, victim)
+            if method not in ("GET", "HEAD"):
+                r = await viewer.request(**req)
+                if r.status_code != 403:
+                    wrong.append(f"viewer {method} {path}: {r.status_code} {r.text[:160]}")
+            r = await revoked.request(**req)
+            if r.status_code != 401 or "revoked" not in r.text:
+                wrong.append(f"revoked {method} {path}: {r.status_code} {r.text[:160]}")
+    assert not wrong, "\n".join(wrong)
+    await _untouched(tenants.http["a:user"], victim)
