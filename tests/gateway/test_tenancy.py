@@ -256,3 +256,39 @@ async def test_a_viewer_may_change_nothing_and_a_revoked_token_reach_nothing(
                 wrong.append(f"revoked {method} {path}: {r.status_code} {r.text[:160]}")
     assert not wrong, "\n".join(wrong)
     await _untouched(tenants.http["a:user"], victim)
+
+
+# ---- revocation of a running stream ----
+
+async def _ends_unauthorized(aiter_once, what: str) -> None:
+    try:
+        await asyncio.wait_for(aiter_once(), 15)
+    except dsec.Unauthorized:
+        return
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what} went on 15 s after its token was revoked") from None
+    raise AssertionError(f"{what} ended without Unauthorized after its token was revoked")
+
+
+async def test_a_revoked_token_ends_its_terminal_and_its_process_follow(tenants, client):
+    made = await client.projects.create_token_info(f"{tenants.name}/a", role="user")
+    async with dsec.AsyncClient(client.url, made.token) as c:
+        sb = await c.create(memory_mb=64)
+        proc = await sb.spawn("echo started; sleep 60; echo never")
+        pty = await sb.pty()
+        events = proc.stream()
+        assert "started" in (await events.__anext__()).data
+        await pty.write("echo hi\n")
+        await pty.read(10)
+        await client.projects.revoke_token(made.id)
+
+        async def follow():
+            async for ev in events:
+                assert "never" not in ev.data
+
+        async def terminal():
+            while await pty.read():
+                pass
+
+        await _ends_unauthorized(follow, "a process follow")
+        await _ends_unauthorized(terminal, "a terminal")
