@@ -292,3 +292,24 @@ async def test_a_revoked_token_ends_its_terminal_and_its_process_follow(tenants,
 
         await _ends_unauthorized(follow, "a process follow")
         await _ends_unauthorized(terminal, "a terminal")
+
+
+# ---- listings, metrics, tokens, idempotency keys ----
+
+async def test_metrics_show_only_the_callers_projects(tenants, server):
+    r = await tenants.http["a:user"].post("/v1/sandboxes", json={"memory_mb": 64})
+    assert r.status_code == 201
+    labelled = re.compile(r'project="([^"]*)"')
+
+    async def projects_in(http) -> set[str]:
+        text = (await http.get("/metrics")).text
+        assert "dsec_gateway_requests_total" in text  # the rest is still there
+        return set(labelled.findall(text))
+
+    a_path = f"{tenants.name}/a"
+    assert await projects_in(tenants.http["b:viewer"]) <= {f"{tenants.name}/b"}
+    assert await projects_in(tenants.http["parent"]) == {a_path}
+    async with httpx.AsyncClient(base_url=server.url,
+                                 headers={"authorization": f"Bearer {server.token}"}) as root:
+        assert a_path in await projects_in(root)
+
