@@ -313,3 +313,22 @@ async def test_metrics_show_only_the_callers_projects(tenants, server):
                                  headers={"authorization": f"Bearer {server.token}"}) as root:
         assert a_path in await projects_in(root)
 
+
+async def test_another_projects_token_is_revoked_or_found_by_no_one(tenants, client):
+    a_tok = await client.projects.create_token_info(f"{tenants.name}/a", role="user")
+    b_admin = tenants.http["b:admin"]
+    missing = await b_admin.post("/v1/projects/tokens/revoke",
+                                 json={"token": "tok-" + secrets.token_hex(6)})
+    by_id = await b_admin.post("/v1/projects/tokens/revoke", json={"token": a_tok.id})
+    by_secret = await b_admin.post("/v1/projects/tokens/revoke", json={"token": a_tok.token})
+    assert by_id.status_code == by_secret.status_code == missing.status_code == 404
+    assert tenants.name not in by_id.text + by_secret.text  # nor whose it is
+    async with dsec.AsyncClient(client.url, a_tok.token) as a:
+        await a.list()  # still works
+    # a secret given to revoke is never written to the audit log, not even in part
+    audit = await client.projects.audit(tenants.name, limit=1000)
+    assert not [e for e in audit if a_tok.token[:12] in e.target + e.outcome]
+    await client.projects.revoke_token(a_tok.token)
+    audit = await client.projects.audit("", limit=1000)
+    assert not [e for e in audit if a_tok.token[:12] in e.target + e.outcome]
+
