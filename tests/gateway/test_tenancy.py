@@ -332,3 +332,20 @@ async def test_another_projects_token_is_revoked_or_found_by_no_one(tenants, cli
     audit = await client.projects.audit("", limit=1000)
     assert not [e for e in audit if a_tok.token[:12] in e.target + e.outcome]
 
+
+async def test_a_batch_key_of_another_project_makes_new_sandboxes(tenants):
+    parent = tenants.http["parent"]
+    key = f"batch-{secrets.token_hex(3)}"
+    made = {}
+    for child in ("a", "b"):
+        r = await parent.post("/v1/sandboxes/batch", json={
+            "count": 1, "request_id": key,
+            "spec": {"memory_mb": 64, "project": f"{tenants.name}/{child}"}})
+        assert r.status_code == 201 and not r.json()["errors"], r.text
+        (made[child],) = r.json()["sandboxes"]
+    assert made["b"]["project"] == f"{tenants.name}/b"
+    assert made["a"]["id"] != made["b"]["id"]
+    again = await parent.post("/v1/sandboxes/batch", json={
+        "count": 1, "request_id": key,
+        "spec": {"memory_mb": 64, "project": f"{tenants.name}/b"}})
+    assert [s["id"] for s in again.json()["sandboxes"]] == [made["b"]["id"]]  # a retry
