@@ -349,3 +349,72 @@ async def test_a_batch_key_of_another_project_makes_new_sandboxes(tenants):
         "count": 1, "request_id": key,
         "spec": {"memory_mb": 64, "project": f"{tenants.name}/b"}})
     assert [s["id"] for s in again.json()["sandboxes"]] == [made["b"]["id"]]  # a retry
+
+
+# ---- images made by pack_diff ----
+
+@pytest.fixture
+async def tags(client):
+    """Image tags a test makes; the root token removes them afterwards."""
+    made: list[str] = []
+    yield made
+    for tag in made:
+        try:
+            await client.remove_image(tag)
+        except dsec.NotFound:
+            pass
+
+
+async def _snapshot(c: dsec.AsyncClient, tag: str, mark: bytes) -> None:
+    sb = await c.create(memory_mb=64)
+    try:
+        await sb.files.write("/mark", mark)
+        await sb.pack_diff(tag)
+    finally:
+        await sb.stop()
+
+
+async def _mark_of(c: dsec.AsyncClient, image: str) -> bytes:
+    sb = await c.create(memory_mb=64, image=image)
+    try:
+        return await sb.files.read("/mark")
+    finally:
+        await sb.stop()
+
+
+async def test_a_projects_pack_diff_replaces_no_shared_image(tenants, client, tags):
+    tag = f"{tenants.name}/shared:v1"
+    tags.append(tag)
+    await _snapshot(client, tag, b"root")  # the root token's snapshot is shared
+    async with tenants.sdk("b:user") as b:
+        with pytest.raises(dsec.Conflict, match="tag"):
+            await _snapshot(b, tag, b"b")
+        assert await _mark_of(b, tag) == b"root"  # B may use it, not change it
+    assert await _mark_of(client, tag) == b"root"
+
+
+async def test_a_projects_snapshot_is_seen_only_in_its_project_and_above(tenants, tags):
+    tag, gone = f"{tenants.name}/a-only:v1", f"{tenants.name}/none:v1"
+    tags.append(tag)
+    async with tenants.sdk("a:user") as a:
+        await _snapshot(a, tag, b"a")
+        assert tag in [i.name for i in await a.images()]
+        assert await _mark_of(a, tag) == b"a"
+    async with tenants.sdk("parent") as p:
+        assert tag in [i.name for i in await p.images()]
+        assert await _mark_of(p, tag) == b"a"
+    b = tenants.http["b:user"]
+    assert tag not in [i["name"] for i in (await b.get("/v1/images")).json()]
+    for ask in (lambda image: b.post("/v1/sandboxes", json={"memory_mb": 64, "image": image}),
+                lambda image: b.post("/v1/sandboxes", json={"memory_mb": 64,
+                                                            "layers": [image]}),
+                lambda image: b.get(f"/v1/manifests/{image}")):
+        got, want = await ask(tag), await ask(gone)
+        assert _shape(got, tag) == _shape(want, gone)
+        assert got.status_code == 404
+        assert tag not in got.text.partition("known:")[2]  # nor listed as a known one
+    async with tenants.sdk("b:user") as bc:  # its name is not B's to take either
+        with pytest.raises(dsec.Conflict, match="tag"):
+            await _snapshot(bc, tag, b"b")
+    async with tenants.sdk("a:user") as a:
+        assert await _mark_of(a, tag) == b"a"

@@ -393,6 +393,11 @@ class NodeService:
         t0 = time.perf_counter()
         pooled = self.pool.take(spec)
         if pooled is not None:
+            try:
+                self._check_images([spec.image, *spec.layers])
+            except NotFound:
+                self.pool.add(pooled)  # untouched: the next create may take it
+                raise
             return await self._adopt(pooled, spec, t0)
         rec = self._new_record(spec)
         self.records[rec.id] = rec
@@ -643,6 +648,13 @@ class NodeService:
             raise Unsupported(f"node {self.node_id} has no layer store")
         return images
 
+    def _check_images(self, refs: list[str]) -> None:
+        """Another project's snapshot is NotFound to a project's token also where an image
+        is used by name without being resolved (a pooled sandbox, a warm fncall worker)."""
+        images = self._layer_store()
+        if images is not None and caller_scope.get() is not None:
+            images.check_visible(refs)
+
     # ---- stateless calls ----
     def _fncall_backend(self):
         backend = self.backends.get("fncall")
@@ -659,6 +671,7 @@ class NodeService:
 
     async def _fncalling(self, calls: list[FnCallRequest], run):
         backend = self._fncall_backend()
+        self._check_images(sorted({c.image for c in calls}))
         mb = sum(c.memory_mb for c in calls)
         self._fncalls += len(calls)
         self._fncall_mb += mb
