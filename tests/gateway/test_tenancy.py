@@ -9,6 +9,7 @@ project's object answers exactly what a missing one does (status and body, up to
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
 
@@ -418,3 +419,54 @@ async def test_a_projects_snapshot_is_seen_only_in_its_project_and_above(tenants
             await _snapshot(bc, tag, b"b")
     async with tenants.sdk("a:user") as a:
         assert await _mark_of(a, tag) == b"a"
+
+
+# ---- routes outside the OpenAPI document: the terminal, E2B's control plane ----
+
+async def _pty_answer(url: str, token: str, sb_id: str) -> str:
+    from websockets.asyncio.client import connect
+    ws_url = url.replace("http://", "ws://") + f"/v1/sandboxes/{sb_id}/pty"
+    async with connect(ws_url, additional_headers={"authorization": f"Bearer {token}"}) as ws:
+        return await asyncio.wait_for(ws.recv(), 10)
+
+
+async def test_the_terminal_and_e2b_calls_answer_another_project_as_a_missing_id(
+        tenants, victim):
+    sb, gone = victim["sb_id"], _missing(victim["sb_id"])
+    token = tenants.tokens["b:user"]
+    answer = await _pty_answer(tenants.url, token, sb)
+    assert json.loads(answer)["error"]["code"] == "not_found"
+    assert answer.replace(sb, "ID") == \
+        (await _pty_answer(tenants.url, token, gone)).replace(gone, "ID")
+    async with httpx.AsyncClient(base_url=tenants.url + "/e2b", timeout=60,
+                                 headers={"x-api-key": token}) as e2b:
+        for method, tail, body in (("GET", "", None), ("POST", "/connect", {"timeout": 60}),
+                                   ("POST", "/resume", {"timeout": 60}),
+                                   ("POST", "/timeout", {"timeout": 60}),
+                                   ("POST", "/pause", None), ("DELETE", "", None)):
+            got = await e2b.request(method, f"/sandboxes/{sb}{tail}", json=body)
+            want = await e2b.request(method, f"/sandboxes/{gone}{tail}", json=body)
+            assert got.status_code == 404 and _shape(got, sb) == _shape(want, gone), \
+                (method, tail, got.text)
+        listed = (await e2b.get("/sandboxes")).json()
+        assert sb not in [s["sandboxID"] for s in listed]
+    await _untouched(tenants.http["a:user"], victim)
+
+
+async def test_listings_and_their_filters_show_only_the_callers_sandboxes(tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    job, key = f"run-{secrets.token_hex(3)}", f"key-{secrets.token_hex(3)}"
+    r = await a.post("/v1/sandboxes", json={"memory_mb": 64, "job": job, "request_id": key,
+                                            "labels": {"secret": "yes"}})
+    sb = r.json()["id"]
+    for params in ({}, {"job": job}, {"request_id": key}, {"label": "secret=yes"}):
+        listed = (await b.get("/v1/sandboxes", params=params)).json()["sandboxes"]
+        assert listed == [], params
+        assert [s["id"] for s in (await tenants.http["parent"].get(
+            "/v1/sandboxes", params=params)).json()["sandboxes"]] == [sb], params
+    assert job not in (await b.get("/v1/jobs")).text
+    assert sb not in (await b.get("/v1/nodes")).text + (await b.get("/healthz")).text
+    # a create with A's request_id in B makes B's own sandbox, not A's back
+    mine = (await b.post("/v1/sandboxes", json={"memory_mb": 64, "job": job,
+                                                "request_id": key})).json()
+    assert mine["id"] != sb and mine["project"] == f"{tenants.name}/b"
