@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import dsec
+from dsec.integrations.e2b.auth import sign_v1
 
 
 @pytest.fixture
@@ -470,3 +471,31 @@ async def test_listings_and_their_filters_show_only_the_callers_sandboxes(tenant
     mine = (await b.post("/v1/sandboxes", json={"memory_mb": 64, "job": job,
                                                 "request_id": key})).json()
     assert mine["id"] != sb and mine["project"] == f"{tenants.name}/b"
+
+
+async def test_a_revoked_tokens_e2b_access_token_stops_working(tenants, client):
+    made = await client.projects.create_token_info(f"{tenants.name}/a", role="user")
+    async with httpx.AsyncClient(base_url=tenants.url, timeout=60) as h:
+        r = await h.post("/e2b/sandboxes", json={"templateID": "busybox"},
+                         headers={"x-api-key": made.token})
+        assert r.status_code == 201, r.text
+        sb, access = r.json()["sandboxID"], r.json()["envdAccessToken"]
+
+        async def envd(token: str) -> httpx.Response:
+            return await h.post("/e2b/envd/process.Process/List", json={},
+                                headers={"e2b-sandbox-id": sb, "x-access-token": token})
+
+        async def signed_read(token: str) -> httpx.Response:  # a download_url's call
+            sig = sign_v1("/etc/hostname", "read", "", token, None)
+            return await h.get("/files", params={"path": "/etc/hostname", "signature": sig})
+
+        assert (await envd(access)).status_code == 200
+        assert (await signed_read(access)).status_code == 200
+        await client.projects.revoke_token(made.id)
+        r = await envd(access)
+        assert r.status_code == 401 and r.json()["code"] == "unauthenticated", r.text
+        assert (await signed_read(access)).status_code == 401
+        # a valid token of the project connects again and gets a working one
+        r = await h.post(f"/e2b/sandboxes/{sb}/connect", json={},
+                         headers={"x-api-key": tenants.tokens["a:user"]})
+        assert (await envd(r.json()["envdAccessToken"])).status_code == 200
