@@ -93,13 +93,14 @@ def validity(request: Request) -> Callable[[], bool] | None:
     projects, who = gateway_of(request).projects, principal_of(request)
     if projects is None or who is None or who.token_hash is None:
         return None
-    last = [0.0, True]  # asked at most once per RECHECK_S, however fast events come
+    asked_at, ok = 0.0, True  # asked at most once per RECHECK_S, however fast events come
 
     def valid() -> bool:
+        nonlocal asked_at, ok
         now = time.monotonic()
-        if now - last[0] >= RECHECK_S:
-            last[:] = [now, projects.still_valid(who)]
-        return last[1]
+        if now - asked_at >= RECHECK_S:
+            asked_at, ok = now, projects.still_valid(who)
+        return ok
     return valid
 
 

@@ -88,6 +88,7 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
     async def watch() -> None:  # a revoked token's terminal ends as its exec stream does
         if valid is None:
             await asyncio.Event().wait()  # nothing to watch: the other pumps end it
+            return
         while valid():
             await asyncio.sleep(RECHECK_S)
         await ws.send_text(json.dumps(revoked().to_wire()))

@@ -50,7 +50,8 @@ class Keys:
 
     def access_who(self, sb_id: str, got: str | None) -> str | None:
         """The dsec token ``got`` was given to, if it is an access token of ``sb_id``."""
-        who = _WHO.match(got or "")
+        got = got or ""
+        who = _WHO.match(got)
         if who is None or not hmac.compare_digest(
                 got.encode(), self.access_token(sb_id, who.group(1)).encode()):
             return None
@@ -58,7 +59,7 @@ class Keys:
 
     def signature_ok(self, sb_id: str, path: str, operation: str, user: str,
                      signature: str, expiration: int | None,
-                     whos: list[str] = [ROOT]) -> bool:  # noqa: B006 (never changed)
+                     whos: tuple[str, ...] | list[str] = (ROOT,)) -> bool:
         """Whether ``signature`` signs this file operation for ``sb_id`` with the access
         token given to one of ``whos``, and has not expired."""
         if expiration is not None and expiration < time.time():
