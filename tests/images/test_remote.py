@@ -244,3 +244,22 @@ def test_resolve_recovers_from_a_dead_lazy_daemon(node):
     r = node.resolve("ws/big:v1")
     assert (r.lowerdirs[0] / "f7").read_bytes()
     assert (r.lowerdirs[0] / "small").read_text() == want
+
+
+def test_a_projects_snapshot_pulled_by_tag_stays_that_projects(node, registry):
+    from dsec.api.scope import caller_scope
+    reg, url = registry
+    reg.commit("ws/a:v1", reg.manifest("busybox").layers, project="team/a")
+    with httpx.Client(base_url=url) as c:
+        assert c.get("/v1/manifests/ws/a:v1").headers["Dsec-Project"] == "team/a"
+        assert "Dsec-Project" not in c.get("/v1/manifests/busybox").headers
+    mark = caller_scope.set("team/b")
+    try:
+        with pytest.raises(NotFound):
+            node.manifest_digest("ws/a:v1")  # pulled, but not B's to see
+        assert node.store.tag_record("ws/a:v1")[1] == "team/a"
+        with pytest.raises(NotFound):
+            node.manifest_digest("ws/a:v1")  # nor pulled again
+    finally:
+        caller_scope.reset(mark)
+    assert node.manifest_digest("ws/a:v1") == reg.manifest_digest("ws/a:v1")

@@ -109,3 +109,52 @@ def test_a_saved_spec_past_todays_rules_still_loads(tmp_path):
         assert rec.id == "sb-fa4e0003-1" and rec.spec.ttl_s == 1e12
     finally:
         again.close()
+
+
+async def test_another_projects_snapshot_is_not_found_where_no_image_is_resolved(node, tmp_path):
+    """A warm fncall worker or a pooled sandbox of an image is used by name, without the
+    image being resolved (which is where a project's snapshot is hidden from others)."""
+    from dsec.api.fncall import FnCallRequest, FnCallResult
+    from dsec.api.scope import caller_scope
+    from dsec.images import ImageService
+    from dsec.node.pool import WarmPool
+
+    images = ImageService(tmp_path / "images")
+    images.ensure_busybox()
+    images.commit("ws/a:v1", images.manifest("busybox").layers, project="team/a")
+    node.backends["container"].images = images
+    ran: list[str] = []
+
+    class WarmWorkers:  # runs a call in the image it names, as a warm worker would
+        images = None
+
+        async def call(self, req):
+            ran.append(req.image)
+            return FnCallResult(exit_code=0)
+
+        async def close(self):
+            pass
+
+    node.backends["fncall"] = WarmWorkers()
+    pooled = SandboxRecord(id="sb-fa4e0001-000000000001", spec=SandboxSpec(image="ws/a:v1"),
+                           state="pooled", created_at=0, last_active_at=0)
+    node.pool = WarmPool({"ws/a:v1": 1})
+    node.pool.add(pooled)
+    call = FnCallRequest(code="print(1)", image="ws/a:v1")
+    mark = caller_scope.set("team/b")
+    try:
+        with pytest.raises(dsec.NotFound, match="image 'ws/a:v1' not found"):
+            await node.fncall(call)
+        with pytest.raises(dsec.NotFound, match="image 'ws/a:v1' not found"):
+            await node.create(SandboxSpec(image="ws/a:v1"))
+    finally:
+        caller_scope.reset(mark)
+    assert ran == [] and node.pool.members["ws/a:v1"] == [pooled]  # still there, untouched
+    mark = caller_scope.set("team/a")
+    try:
+        await node.fncall(call)
+    finally:
+        caller_scope.reset(mark)
+    assert ran == ["ws/a:v1"]
+    node.pool.members.clear()
+    images.unmount_all()

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from dsec import __version__
 from dsec.api.errors import NodeLost
 from dsec.api.limits import DEFAULT_LIMITS
+from dsec.api.scope import caller_scope
 from dsec.cluster.base import Cluster
 from dsec.gateway import fastlane, metrics
 from dsec.gateway.auth import BearerAuth, ClusterAuth
@@ -109,7 +110,8 @@ def create_app(cluster: Cluster, token: str, close_cluster: bool = True,
         for view in watcher.views.values():
             if view.load is not None:
                 metrics.NODE_SANDBOXES.labels(view.node_id).set(view.load.sandboxes)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        text = metrics.scoped(generate_latest().decode(), caller_scope.get())
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     for module in (sandboxes, processes, files, streams, fncall, jobs, network, trajectory,
                    images):

@@ -3,10 +3,14 @@ when the node runs in this process)."""
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import Counter, Gauge, Histogram
 
+from dsec.api.projects import within
+
 __all__ = ["REQUESTS", "PLACEMENT_SECONDS", "RETRIES", "NODES", "NODE_SANDBOXES",
-           "ADMISSIONS", "ADMISSIONS_OUT_OF_ORDER", "admitted", "RequestMetrics"]
+           "ADMISSIONS", "ADMISSIONS_OUT_OF_ORDER", "admitted", "RequestMetrics", "scoped"]
 
 REQUESTS = Counter("dsec_gateway_requests_total", "Requests answered, by route and status",
                    ["method", "route", "status"])
@@ -58,3 +62,21 @@ class RequestMetrics:
         if (counter := self._counters.get(key)) is None:
             counter = self._counters[key] = REQUESTS.labels(key[0], route, str(key[2]))
         counter.inc()
+
+
+# project paths hold no '"' or '\\', so a label value is everything up to the next quote
+_PROJECT = re.compile(r'[{,]project="([^"]*)"')
+
+
+def scoped(text: str, scope: str | None) -> str:
+    """Prometheus ``text`` as a token of project ``scope`` may read it: the samples labelled
+    with another project (outside ``scope`` and below; the root is ``/``) left out, so a
+    scrape names no project the token cannot see. ``None`` (the root token): all of it."""
+    if scope is None:
+        return text
+    keep = []
+    for line in text.splitlines(keepends=True):
+        m = _PROJECT.search(line) if not line.startswith("#") else None
+        if m is None or (m.group(1) != "/" and within(m.group(1), scope)):
+            keep.append(line)
+    return "".join(keep)

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Iterable
 
 from dsec.api.errors import Capacity, Conflict, DSecError, NodeLost
+from dsec.api.scope import caller_scope
 from dsec.api.models import (CreateManyRequest, NodeInfo, SandboxInfo, SandboxList,
                              SandboxSpec, retry_mismatch)
 from dsec.cluster.nodeclient import NodeClient
@@ -119,8 +120,10 @@ def _index(info: SandboxInfo, request_id: str) -> int | None:
     return int(tail) if sep and head == request_id and tail.isdigit() else None
 
 
-async def _existing(gw, request_id: str) -> dict[int, SandboxInfo]:
-    """What earlier attempts of the batch ``request_id`` made, by item index. When some
+async def _existing(gw, request_id: str, project: str) -> dict[int, SandboxInfo]:
+    """What earlier attempts of the batch ``request_id`` made in ``project`` (a key is
+    its project's, as on the node: the same key in another project, which a parent's
+    token also lists, is another batch), by item index. When some
     were found (so this is a retry) and nodes did not answer, the items not found may be
     on those: NodeLost, rather than make them a second time elsewhere. (A retry all of
     whose items are on nodes that do not answer cannot be told from a first attempt.)"""
@@ -129,7 +132,7 @@ async def _existing(gw, request_id: str) -> dict[int, SandboxInfo]:
     for infos in found:
         for info in infos:
             i = _index(info, request_id)
-            if i is not None:
+            if i is not None and info.project == project:
                 out[i] = info
     if out and down:
         raise NodeLost(f"the batch with request_id {request_id[:80]!r} made {len(out)} "
@@ -155,7 +158,8 @@ async def create_batch(gw, req: CreateManyRequest) -> tuple[list[SandboxInfo], l
     wanted = list(range(req.first_index, req.first_index + req.count))
     made: dict[int, SandboxInfo] = {}
     if req.request_id is not None:
-        made = await _existing(gw, req.request_id)
+        project = spec.project if spec.project is not None else caller_scope.get() or ""
+        made = await _existing(gw, req.request_id, project)
         for info in made.values():
             if why := retry_mismatch(spec, info):
                 raise Conflict(why)

@@ -22,14 +22,15 @@ __all__ = ["pack_diff", "build", "merge"]
 
 
 def pack_diff(svc: ImageService, upperdir: pathlib.Path, tag: str, base: ResolvedImage,
-              exclude: list[str] | None = None,
-              config: ImageConfig | None = None) -> LayerInfo:
+              exclude: list[str] | None = None, config: ImageConfig | None = None,
+              project: str | None = None) -> LayerInfo:
     """Turn a sandbox's overlay upper dir into a new layer and tag base + that layer.
 
     Whiteouts and opaque directories are kept, so the tagged image reproduces the
     sandbox's filesystem as it was. ``exclude``: sandbox paths or globs to clean out
     first (e.g. ``["/tmp", "/root/.cache"]``). The upper dir is only read; pack a
-    paused or stopped sandbox for a consistent snapshot.
+    paused or stopped sandbox for a consistent snapshot. ``project``: whose snapshot the
+    tag is (None: shared).
     """
     tag = normalize_ref(tag)
     if not pathlib.Path(upperdir).is_dir():
@@ -43,7 +44,7 @@ def pack_diff(svc: ImageService, upperdir: pathlib.Path, tag: str, base: Resolve
     finally:
         fdtree.rmtree(work)
     layers = [svc.layer_ref(d) for d in base.layer_digests] + [layer]
-    digest = svc.commit(tag, layers, config or base.config)
+    digest = svc.commit(tag, layers, config or base.config, project=project)
     return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
                      manifest_digest=digest, tag=tag)
 

@@ -8,7 +8,9 @@
   every chunk it fetches against the table. Computing it re-hashes the whole blob, so a
   corrupted blob is refused here too (500, code ``internal``).
 - ``GET /v1/manifests/{name}``: the manifest JSON, byte for byte, by tag or digest; its
-  digest in the ``Dsec-Content-Digest`` header.
+  digest in the ``Dsec-Content-Digest`` header, and for a project's snapshot tag (seen
+  only by that project's tokens, those above it and the root's) the project in
+  ``Dsec-Project``.
 - ``HEAD /v1/blobs/{digest}``, ``PUT /v1/blobs/{digest}`` (body: the blob; refused unless
   it hashes to ``digest``) and ``PUT /v1/manifests/{name}`` (refused unless every layer it
   lists is present; tags ``name`` unless it is a digest): how a node pushes what it built.
@@ -30,6 +32,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from dsec.api.errors import DSecError, InvalidArgument, NotFound
 from dsec.images.models import Manifest
 from dsec.images.refs import check_digest, is_digest
+from dsec.images.remote import PROJECT_HEADER
 from dsec.images.store import CorruptBlob, hash_blob
 
 if TYPE_CHECKING:
@@ -134,10 +137,14 @@ def blob_router(svc: ImageService) -> APIRouter:
     @router.get("/v1/manifests/{name:path}")
     def get_manifest(name: str) -> Response:
         try:
-            digest = svc.manifest_digest(name)
+            digest = svc.manifest_digest(name)  # a tag the caller may not see: NotFound
             data = svc.store.manifest_bytes(digest)
+            record = None if is_digest(name) else svc.store.tag_record(name)
         except DSecError as exc:
             return _error(exc)
-        return Response(data, media_type="application/json", headers={DIGEST_HEADER: digest})
+        headers = {DIGEST_HEADER: digest}
+        if record is not None and record[1] is not None:  # a node pulling it keeps it theirs
+            headers[PROJECT_HEADER] = record[1]
+        return Response(data, media_type="application/json", headers=headers)
 
     return router

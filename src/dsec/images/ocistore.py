@@ -79,12 +79,13 @@ class RegistryStore(RemoteStore):
     def _what(self, thing: str) -> str:
         return f"{thing} in layer store {self.url}"
 
-    def manifest(self, ref: str) -> tuple[str, bytes]:
-        """(digest, JSON bytes) of a dsec manifest by tag or digest, verified."""
+    def manifest(self, ref: str) -> tuple[str, bytes, None]:
+        """(digest, JSON bytes, None) of a dsec manifest by tag or digest, verified (a
+        registry's tags are no project's own)."""
         if is_digest(ref):
             data = self.registry.blob_bytes(self.repo, ref, 4 << 20,
                                             self._what(f"manifest {ref}"))
-            return ref, data
+            return ref, data, None
         what = self._what(f"image {ref}")
         _, raw, _ = self.registry.manifest(self.repo, artifact_tag(ref), what)
         doc = json.loads(raw)
@@ -93,7 +94,7 @@ class RegistryStore(RemoteStore):
             raise InvalidArgument(f"{what} is not a dsec image (artifactType "
                                   f"{doc.get('artifactType')!r})")
         digest = config["digest"]
-        return digest, self.registry.blob_bytes(self.repo, digest, 4 << 20, what)
+        return digest, self.registry.blob_bytes(self.repo, digest, 4 << 20, what), None
 
     def _fetch_table(self, digest: str, expect: str) -> bytes:
         return self.registry.blob_bytes(self.repo, expect, 64 << 20,

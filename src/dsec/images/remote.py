@@ -24,7 +24,9 @@ from dsec.api.errors import Internal, NotFound, error_from_wire
 from dsec.images.refs import digest_hex
 from dsec.images.store import CHUNK_SIZE, CorruptBlob, table_digest
 
-__all__ = ["RemoteStore", "ChunkCache", "open_remote"]
+__all__ = ["RemoteStore", "ChunkCache", "open_remote", "PROJECT_HEADER"]
+
+PROJECT_HEADER = "Dsec-Project"  # on a manifest by tag: the project whose snapshot it is
 
 
 class ChunkCache:
@@ -165,15 +167,16 @@ class RemoteStore:
     def _get(self, path: str, **kw) -> httpx.Response:
         return self._send("GET", path, **kw)
 
-    def manifest(self, ref: str) -> tuple[str, bytes]:
-        """(digest, JSON bytes) of the manifest ``ref`` names remotely, verified."""
+    def manifest(self, ref: str) -> tuple[str, bytes, str | None]:
+        """(digest, JSON bytes, project) of the manifest ``ref`` names remotely, verified;
+        ``project`` is the project whose snapshot tag ``ref`` is there (None: shared)."""
         r = self._get(f"/v1/manifests/{ref}")
         digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
         claimed = r.headers.get("Dsec-Content-Digest", digest)
         if claimed != digest or (ref.startswith("sha256:") and ref != digest):
             raise CorruptBlob(f"manifest {ref} from {self.url} hashes to {digest}, "
                               f"not {claimed}; refusing it")
-        return digest, r.content
+        return digest, r.content, r.headers.get(PROJECT_HEADER)
 
     def chunk_table(self, digest: str, expect: str) -> bytes:
         """The blob's chunk table, checked against the manifest's ``chunks`` digest."""

@@ -1,4 +1,12 @@
-"""ImageService: the node's face of the layer store (resolve, mount, tag, list)."""
+"""ImageService: the node's face of the layer store (resolve, mount, tag, list).
+
+Images of the node (built, imported, pulled, pushed by the root) are shared by every
+project. A snapshot a project's token makes (``pack_diff``) is that project's: its tag is
+seen, listed and used only by tokens that see the project (its own, those of projects
+above it, the root's; :data:`~dsec.api.scope.caller_scope`), and to every other caller it
+is as a tag that does not exist. A project's snapshot never replaces a shared image or
+another project's (:class:`Conflict`), nor takes a registry's name.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dsec.api.errors import NotFound
+from dsec.api.errors import Conflict, InvalidArgument, NotFound
+from dsec.api.projects import within
+from dsec.api.scope import caller_scope, visible
 from dsec.images import authoring, erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
 from dsec.images.build import BuildSpec, StepRunner
@@ -49,6 +59,7 @@ class ImageService:
         self.limits = limits or TarLimits()
         self.registry = registry or RegistryPolicy()
         self._pull_locks: dict[str, threading.Lock] = {}
+        self._claims = threading.Lock()  # a project's snapshot: checking and writing its tag
         self.root = pathlib.Path(state_dir) / "images"
         self.store = LocalStore(self.root)
         self.lock = StoreLock(self.root / ".lock")
@@ -73,16 +84,59 @@ class ImageService:
                 if self.sources.fetch_manifest(ref) is None:
                     raise
             return ref
-        digest = self.store.get_tag(normalize_ref(ref))
-        if digest is None and self.sources.remote is not None:
+        record = self.store.tag_record(normalize_ref(ref))
+        if record is not None:
+            if not _seen(record[1]):  # another project's snapshot: as no tag (no pull)
+                raise self._not_found(ref)
+            return record[0]
+        digest = None
+        if self.sources.remote is not None:
             digest = self.pull(ref)
         if digest is None and self.registry.pull_on_first_use and has_registry_host(ref):
             digest = self._pull_once(ref)
         if digest is None:
-            known = list(self.store.tags())
-            shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
-            raise NotFound(f"image {ref!r} not found; known: {shown or '(none)'}. {IMAGE_HINT}")
+            raise self._not_found(ref)
         return digest
+
+    def _not_found(self, ref: str) -> NotFound:
+        known = [name for name, (_, project) in self.store.tag_records().items()
+                 if _seen(project)]
+        shown = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+        return NotFound(f"image {ref!r} not found; known: {shown or '(none)'}. {IMAGE_HINT}")
+
+    def check_visible(self, refs: list[str]) -> None:
+        """NotFound, as :meth:`manifest_digest` says it, for a tag among ``refs`` that is a
+        snapshot of a project the caller does not see (for paths that use an image by name
+        without resolving it: pooled sandboxes and fncall workers). One small read each."""
+        for ref in refs:
+            if is_digest(ref):
+                continue
+            record = self.store.tag_record(normalize_ref(ref))
+            if record is not None and not _seen(record[1]):
+                raise self._not_found(ref)
+
+    def claim(self, tag: str) -> str | None:
+        """The project a snapshot tagged ``tag`` by the current caller belongs to (None:
+        the root's token, whose snapshots are shared), once ``tag`` is one it may write:
+        new, or a snapshot of its own project or one below it. Conflict otherwise, saying
+        the same whether the tag is shared or another project's (which it cannot see)."""
+        project = caller_scope.get()
+        if project is not None:
+            self._may_write(tag, project)
+        return project
+
+    def _may_write(self, tag: str, project: str) -> None:
+        name = normalize_ref(tag)
+        if has_registry_host(name):
+            raise InvalidArgument(f"tag {tag!r} names a registry: a registry's names are "
+                                  "for images pulled from it; tag a snapshot with a plain "
+                                  "name, e.g. 'workspace/repo:v1'")
+        record = self.store.tag_record(name)
+        if record is not None and (record[1] is None or not within(record[1], project)):
+            raise Conflict(f"tag {name!r} is taken: a project's snapshot makes a new tag or "
+                           "replaces one of its own project's snapshots, never a shared "
+                           "image's or another project's; choose another tag (e.g. one "
+                           "named after the project)")
 
     def pull(self, ref: str) -> str:
         """Take tag ``ref`` from the remote store (again): fetch its manifest, tag it here.
@@ -91,13 +145,16 @@ class ImageService:
         when the layer is first mounted. Returns the manifest digest.
         """
         ref = normalize_ref(ref)
-        digest = self.sources.fetch_manifest(ref)
-        if digest is None and self.sources.remote is None:
+        got = self.sources.fetch_manifest(ref)
+        if got is None and self.sources.remote is None:
             raise NotFound(f"image {ref!r}: no remote layer store is configured")
-        if digest is None:
+        if got is None:
             raise NotFound(f"image {ref!r} is in neither this node's store nor the remote "
                            f"layer store. {IMAGE_HINT}")
-        self.store.set_tag(ref, digest)
+        digest, project = got  # a project's snapshot there stays that project's here
+        self.store.set_tag(ref, digest, project)
+        if not _seen(project):
+            raise self._not_found(ref)
         return digest
 
     def pull_registry(self, ref: str, tag: str | None = None, auth: RegistryAuth | None = None,
@@ -181,9 +238,12 @@ class ImageService:
             return self.sources.source_for(check_digest(digest))
 
     def list_images(self) -> list[ImageInfo]:
-        """Every tag with its manifest digest, layer count, total size and creation time."""
+        """Every tag the caller sees with its manifest digest, layer count, total size and
+        creation time."""
         out = []
-        for name, digest in self.store.tags().items():
+        for name, (digest, project) in self.store.tag_records().items():
+            if not _seen(project):
+                continue
             try:
                 m = self.store.get_manifest(digest)
             except NotFound:
@@ -235,8 +295,9 @@ class ImageService:
             shutil.rmtree(work, ignore_errors=True)
 
     def commit(self, tag: str | None, layers: list[LayerRef],
-               config: ImageConfig | None = None) -> str:
-        """Write a manifest of ``layers`` (bottom first) and point ``tag`` at it, if given.
+               config: ImageConfig | None = None, project: str | None = None) -> str:
+        """Write a manifest of ``layers`` (bottom first) and point ``tag`` at it, if given:
+        ``project``'s snapshot (see :meth:`claim`, checked again here), else shared.
 
         Returns the manifest digest. Every layer must already be in the store.
         """
@@ -247,7 +308,11 @@ class ImageService:
         manifest = Manifest(layers=layers, config=config or ImageConfig(),
                             created=dt.datetime.now(dt.timezone.utc))
         digest = self.store.put_manifest(manifest)
-        if tag is not None:
+        if tag is not None and project is not None:
+            with self._claims:  # two projects' snapshots of one new tag: one wins
+                self._may_write(tag, project)
+                self.store.set_tag(tag, digest, project)
+        elif tag is not None:
             self.store.set_tag(tag, digest)
         return digest
 
@@ -295,9 +360,11 @@ class ImageService:
         sandbox's filesystem as it was. ``exclude``: sandbox paths or globs to clean out
         first (e.g. ``["/tmp", "/root/.cache"]``). The upper dir is only read; pack a
         paused or stopped sandbox for a consistent snapshot. The overlay must be mounted
-        with redirect_dir=off and metacopy=off (the kernel's defaults).
+        with redirect_dir=off and metacopy=off (the kernel's defaults). Made for a
+        project's token, the tag is that project's (:meth:`claim`).
         """
-        return authoring.pack_diff(self, upperdir, tag, base, exclude, config)
+        return authoring.pack_diff(self, upperdir, tag, base, exclude, config,
+                                   project=self.claim(tag))
 
     def build(self, spec: BuildSpec | pathlib.Path, context: pathlib.Path | None = None,
               runner: StepRunner | None = None,
@@ -389,6 +456,11 @@ class ImageService:
             if path.exists():
                 return path.stat().st_mtime
         return 0.0
+
+
+def _seen(project: str | None) -> bool:
+    """Whether the current caller sees a tag of ``project`` (None: shared, seen by all)."""
+    return project is None or visible(project)
 
 
 def _merge_config(manifests: list[Manifest]) -> ImageConfig:

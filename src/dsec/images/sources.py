@@ -75,13 +75,14 @@ class LayerSources:
             return True
         return self.daemon.alive()
 
-    def fetch_manifest(self, ref: str) -> str | None:
-        """Fetch a manifest from the remote store into the local one; its digest, or None."""
+    def fetch_manifest(self, ref: str) -> tuple[str, str | None] | None:
+        """Fetch a manifest from the remote store into the local one; its digest and the
+        project whose snapshot tag ``ref`` is there (None: shared), or None."""
         if self.remote is None:
             return None
-        digest, data = self.remote.manifest(ref)
+        digest, data, project = self.remote.manifest(ref)
         self.store.put_manifest_bytes(data)
-        return digest
+        return digest, project
 
     def stop_daemon(self) -> None:
         """Stop the lazy-loading daemon; call only once no EROFS mount sits on it."""

@@ -4,7 +4,8 @@ Layout under ``root`` (a shared filesystem mount works the same way)::
 
     blobs/sha256/<hex>        EROFS layer images, named by the sha256 of their bytes
     manifests/sha256/<hex>    manifest JSON, named by the sha256 of its bytes
-    tags/<quoted name:tag>.json   {"manifest": "sha256:..."}; replaced atomically
+    tags/<quoted name:tag>.json   {"manifest": "sha256:...", "project": ...}; replaced
+                              atomically ("project" only on a project's snapshot)
     layers/<hex>.json         the LayerRef (size, chunk table digest) of each known layer
     tmp/                      files being written; renamed into place when complete
 
@@ -179,19 +180,28 @@ class LocalStore:
         return {"sha256:" + p.name for p in self.manifests.iterdir() if len(p.name) == 64}
 
     # -- tags --------------------------------------------------------------------------
-    def set_tag(self, ref: str, manifest_digest: str) -> None:
-        """Point tag ``ref`` at a manifest; atomic, the last writer wins."""
+    def set_tag(self, ref: str, manifest_digest: str, project: str | None = None) -> None:
+        """Point tag ``ref`` at a manifest; atomic, the last writer wins. ``project``: the
+        project whose snapshot it is (None: an image of the node, shared by every project)."""
         ref = normalize_ref(ref)
-        data = json.dumps({"name": ref, "manifest": check_digest(manifest_digest)}).encode()
-        self._write_atomic(self.tags_dir / tag_filename(ref), data)
+        record = {"name": ref, "manifest": check_digest(manifest_digest)}
+        if project is not None:
+            record["project"] = project
+        self._write_atomic(self.tags_dir / tag_filename(ref), json.dumps(record).encode())
 
     def get_tag(self, ref: str) -> str | None:
         """The manifest digest tag ``ref`` points at, or None."""
+        got = self.tag_record(ref)
+        return None if got is None else got[0]
+
+    def tag_record(self, ref: str) -> tuple[str, str | None] | None:
+        """(manifest digest, project) of tag ``ref``, or None if there is no such tag."""
         path = self.tags_dir / tag_filename(normalize_ref(ref))
         try:
-            return json.loads(path.read_bytes())["manifest"]
+            record = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
+        return record["manifest"], record.get("project")
 
     def delete_tag(self, ref: str) -> bool:
         """Remove a tag; True if it existed."""
@@ -203,13 +213,18 @@ class LocalStore:
 
     def tags(self) -> dict[str, str]:
         """Every tag and the manifest digest it points at, sorted by name."""
+        return {name: digest for name, (digest, _) in self.tag_records().items()}
+
+    def tag_records(self) -> dict[str, tuple[str, str | None]]:
+        """Every tag and its (manifest digest, project), sorted by name."""
         out = {}
         for p in self.tags_dir.glob("*.json"):
             name = urllib.parse.unquote(p.name[:-5])
             try:
-                out[name] = json.loads(p.read_bytes())["manifest"]
+                record = json.loads(p.read_bytes())
             except FileNotFoundError:
                 continue
+            out[name] = (record["manifest"], record.get("project"))
         return dict(sorted(out.items()))
 
     # -- helpers -----------------------------------------------------------------------

@@ -5,6 +5,10 @@ preempted) the job's sandboxes are paused, keeping every process and file; when 
 lapsed ``stop_after_s`` longer, they are stopped. The next request to a paused sandbox
 resumes it, and a heartbeat renews the lease. Leases live in the node's store, so they
 survive a restart of the node agent.
+
+A job is named by its project and its name: the lease a token renews is its project's
+(:data:`~dsec.api.scope.caller_scope`), seen only by tokens that see that project, and when
+it lapses it pauses or stops only the sandboxes that project's tokens would.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dsec.api.rl import JobInfo
-from dsec.api.scope import visible
+from dsec.api.scope import caller_scope, visible
 
 if TYPE_CHECKING:
     from dsec.node.service import NodeService
@@ -30,6 +34,7 @@ class Lease:
     expires_at: float
     stop_after_s: float | None
     lapsed: bool = False  # the job was paused for it
+    project: str | None = None  # whose lease: the scope it acts in (None: the root's)
 
     @property
     def stop_at(self) -> float | None:
@@ -45,24 +50,36 @@ def lease_action(lease: Lease, now: float) -> Literal["keep", "pause", "stop"]:
     return "keep" if lease.lapsed else "pause"
 
 
+def _key(project: str | None, job: str) -> str:
+    return f"{project or ''}\0{job}"
+
+
 class JobLeases:
-    """The leases of one node, persisted as one JSON value in the node's store."""
+    """The leases of one node by (project, job), persisted as one JSON value in the node's
+    store (leases written before they had a project are the root's)."""
 
     KEY = "job_leases"
 
     def __init__(self, store) -> None:
         self.store = store
         raw = store.meta(self.KEY)
-        self.leases: dict[str, Lease] = {
-            k: Lease(**v) for k, v in (json.loads(raw) if raw else {}).items()}
+        leases = [Lease(**v) for v in (json.loads(raw) if raw else {}).values()]
+        self.leases: dict[str, Lease] = {_key(x.project, x.job): x for x in leases}
 
     def renew(self, job: str, now: float, lease_s: float, stop_after_s: float | None) -> Lease:
-        lease = self.leases[job] = Lease(job, now + lease_s, stop_after_s)
+        """The caller's project's lease of ``job``, renewed."""
+        project = caller_scope.get()
+        lease = self.leases[_key(project, job)] = Lease(job, now + lease_s, stop_after_s,
+                                                        project=project)
         self._save()
         return lease
 
     def drop(self, job: str) -> None:
-        if self.leases.pop(job, None) is not None:
+        """The leases of ``job`` the caller sees (its project's and those below it)."""
+        mine = [k for k, x in self.leases.items() if x.job == job and visible(x.project)]
+        for k in mine:
+            del self.leases[k]
+        if mine:
             self._save()
 
     def _save(self) -> None:
@@ -123,19 +140,28 @@ def job_infos(node: NodeService) -> dict[str, JobInfo]:
         except (OSError, KeyError, ValueError):
             pass
     for lease in _leases(node).leases.values():
+        if not visible(lease.project):
+            continue
         info = out.setdefault(lease.job, JobInfo(job=lease.job, sandboxes=0))
         info.lease_expires_at, info.stop_at = lease.expires_at, lease.stop_at
     return out
 
 
 async def reap_leases(node: NodeService, now: float) -> None:
-    """Pause the jobs whose lease lapsed, stop those lapsed past their stop time."""
+    """Pause the jobs whose lease lapsed, stop those lapsed past their stop time: each in
+    its lease's project, as a token of that project would."""
     leases = _leases(node)
     for lease in list(leases.leases.values()):
         action = lease_action(lease, now)
-        if action == "pause":
-            await pause_job(node, lease.job)
-            lease.lapsed = True
-            leases._save()
-        elif action == "stop":
-            await stop_job(node, lease.job)
+        if action == "keep":
+            continue
+        mark = caller_scope.set(lease.project)
+        try:
+            if action == "pause":
+                await pause_job(node, lease.job)
+                lease.lapsed = True
+                leases._save()
+            else:
+                await stop_job(node, lease.job)
+        finally:
+            caller_scope.reset(mark)

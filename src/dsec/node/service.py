@@ -203,7 +203,8 @@ class NodeService:
             # Why it ends is known before the stop begins, so a request that arrives
             # while it stops hears "expired", as one that comes after it.
             if rec.expires_at is not None and now >= rec.expires_at:
-                self.ended.remember(rec.id, "expired (its timeout ran out)")
+                self.ended.remember(rec.id, "expired (its timeout ran out)",
+                                    project=rec.spec.project)
                 await self.stop(rec.id)
             elif rec.spec.idle_ttl_s and self._idle_for(rec, now) >= rec.spec.idle_ttl_s:
                 if rec.spec.on_idle == "pause":
@@ -211,7 +212,7 @@ class NodeService:
                         await self.pause(rec.id)
                 else:
                     self.ended.remember(rec.id, f"expired (idle for {rec.spec.idle_ttl_s:g}s, "
-                                                "its idle_ttl_s)")
+                                                "its idle_ttl_s)", project=rec.spec.project)
                     await self.stop(rec.id)
 
     def _idle_for(self, rec: SandboxRecord, now: float) -> float:
@@ -392,6 +393,11 @@ class NodeService:
         t0 = time.perf_counter()
         pooled = self.pool.take(spec)
         if pooled is not None:
+            try:
+                self._check_images([spec.image, *spec.layers])
+            except NotFound:
+                self.pool.add(pooled)  # untouched: the next create may take it
+                raise
             return await self._adopt(pooled, spec, t0)
         rec = self._new_record(spec)
         self.records[rec.id] = rec
@@ -599,6 +605,7 @@ class NodeService:
         return await self._shell(sb_id, sh_id).run(self._bounded(req))
 
     async def shell_close(self, sb_id: str, sh_id: str) -> None:
+        self._get(sb_id)  # another project's sandbox (and so its shells) is not found
         self._shell(sb_id, sh_id)
         self.shells.pop(sh_id).close()
 
@@ -641,6 +648,13 @@ class NodeService:
             raise Unsupported(f"node {self.node_id} has no layer store")
         return images
 
+    def _check_images(self, refs: list[str]) -> None:
+        """Another project's snapshot is NotFound to a project's token also where an image
+        is used by name without being resolved (a pooled sandbox, a warm fncall worker)."""
+        images = self._layer_store()
+        if images is not None and caller_scope.get() is not None:
+            images.check_visible(refs)
+
     # ---- stateless calls ----
     def _fncall_backend(self):
         backend = self.backends.get("fncall")
@@ -657,6 +671,7 @@ class NodeService:
 
     async def _fncalling(self, calls: list[FnCallRequest], run):
         backend = self._fncall_backend()
+        self._check_images(sorted({c.image for c in calls}))
         mb = sum(c.memory_mb for c in calls)
         self._fncalls += len(calls)
         self._fncall_mb += mb

@@ -250,6 +250,25 @@ class ProjectStore:
         return TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
                          expires_at=r[5], revoked_at=r[6])
 
+    def live(self, token_id: str) -> bool:
+        """Whether token ``token_id`` works now: not revoked or expired, its project there
+        (what a credential handed out to it, E2B's envd access token, asks)."""
+        row = self.conn.execute(
+            "SELECT p.path, t.expires_at, t.revoked_at FROM tokens t LEFT JOIN projects p "
+            "ON p.id = t.project_id WHERE t.id = ?", (token_id,)).fetchone()
+        return row is not None and row[0] is not None and row[2] is None and (
+            row[1] is None or time.time() < row[1])
+
+    def live_ids(self, paths: list[str], roles: tuple[str, ...]) -> list[str]:
+        """The ids of the tokens of ``paths`` with one of ``roles`` that work now."""
+        marks, now = ",".join("?" * len(paths)), time.time()
+        rows = self.conn.execute(
+            "SELECT t.id FROM tokens t JOIN projects p ON p.id = t.project_id WHERE "
+            f"p.path IN ({marks}) AND t.role IN ({','.join('?' * len(roles))}) AND "
+            "t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ?)",
+            (*paths, *roles, now)).fetchall()
+        return [r[0] for r in rows]
+
     def revoke_token(self, token_id: str) -> None:
         with write(self.conn):
             self.conn.execute("UPDATE tokens SET revoked_at = ? WHERE id = ? AND "

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from dsec.api.errors import Forbidden, NodeLost, shorten
+from dsec.api.errors import Forbidden, NodeLost, Unauthorized, shorten
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
@@ -18,7 +21,9 @@ from dsec.gateway.projects.roles import GRADER, may_grade
 from dsec.gateway.watcher import Watcher
 
 __all__ = ["Gateway", "gateway_of", "client_for", "model_response", "check_grading",
-           "reaches_protected"]
+           "reaches_protected", "validity", "next_while", "revoked", "RECHECK_S"]
+
+RECHECK_S = 1.0  # how often a long stream asks whether its token still works
 
 
 @dataclass
@@ -80,3 +85,40 @@ def reaches_protected(request: Request, asked: bool = False) -> bool:
         return asked
     who = principal_of(request)
     return who is not None and may_grade(who.role)
+
+
+def validity(request: Request) -> Callable[[], bool] | None:
+    """How a long stream (an exec stream, a process follow, a terminal) asks whether its
+    caller's token still works (None: always, for the root token or a node's own API)."""
+    projects, who = gateway_of(request).projects, principal_of(request)
+    if projects is None or who is None or who.token_hash is None:
+        return None
+    asked_at, ok = 0.0, True  # asked at most once per RECHECK_S, however fast events come
+
+    def valid() -> bool:
+        nonlocal asked_at, ok
+        now = time.monotonic()
+        if now - asked_at >= RECHECK_S:
+            asked_at, ok = now, projects.still_valid(who)
+        return ok
+    return valid
+
+
+def revoked() -> Unauthorized:
+    return Unauthorized("the token of this stream was revoked, expired or lost its project; "
+                        "the command was ended")
+
+
+async def next_while(events: AsyncIterator, valid: Callable[[], bool] | None):
+    """The stream's next event, or Unauthorized once its token was revoked (asked every
+    ``RECHECK_S`` while the command is silent, and at every event)."""
+    if valid is None:
+        return await events.__anext__()
+    step = asyncio.ensure_future(events.__anext__())
+    while True:
+        done, _ = await asyncio.wait({step}, timeout=RECHECK_S)
+        if not valid():
+            step.cancel()
+            raise revoked()
+        if done:
+            return step.result()

@@ -12,7 +12,7 @@ from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
                               PtySize, SignalRequest, StdinRequest, TimeoutRequest)
-from dsec.gateway.routes.common import check_grading, client_for
+from dsec.gateway.routes.common import check_grading, client_for, next_while, validity
 
 __all__ = ["router"]
 
@@ -52,9 +52,11 @@ async def events(request: Request, sb_id: str, pid: int,
                  since: int = Query(0, ge=0, description="first output chunk to send")
                  ) -> StreamingResponse:
     """NDJSON lines of ExecEvent: the kept output from chunk ``since`` on, then what comes,
-    then one ``exit``. Any number of clients may follow one process."""
+    then one ``exit``. Any number of clients may follow one process; a follow whose token
+    is revoked ends with an ``unauthorized`` error line (the process goes on)."""
     stream = client_for(request, sb_id).process_events(sb_id, pid, since)
     first = await stream.__anext__()  # an unknown pid answers 404, not a broken stream
+    valid = validity(request)
 
     async def lines() -> AsyncIterator[bytes]:
         ev = first
@@ -63,7 +65,7 @@ async def events(request: Request, sb_id: str, pid: int,
             if ev.type == "exit":
                 return
             try:
-                ev = await stream.__anext__()
+                ev = await next_while(stream, valid)
             except StopAsyncIteration:
                 return
             except DSecError as exc:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, Query, Request
 
-from dsec.api.errors import DSecError, Forbidden, InvalidArgument
+from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound
 from dsec.api.projects import (AuditList, ProjectCreate, ProjectInfo, ProjectList,
                                ProjectUpdate, TokenCreate, TokenCreated, TokenList, TokenRevoke,
                                check_project_path, within)
@@ -115,11 +115,21 @@ async def tokens(request: Request, path: str = PathQuery) -> TokenList:
 
 @router.post("/tokens/revoke", status_code=204)
 async def revoke_token(request: Request, req: TokenRevoke) -> None:
-    """Revoke at once, by id or secret: requests with it are refused, its streams end."""
+    """Revoke at once, by id or secret: requests with it are refused, its streams end. A
+    token of a project outside the caller's is not found, as a token that does not exist
+    (the answer says nothing of it, nor of its project); a secret is never logged."""
     store = gateway_of(request).projects.store
-    with _audited(request, principal_of(request).project, req.token[:16]):
+    mine = principal_of(request).project
+    named = req.token[:16] if req.token.startswith("tok-") else "with that secret"
+    try:
         tok = store.token(req.token)
-        _scope(request, tok.project)
+    except NotFound:
+        tok = None
+    if tok is not None and not within(tok.project, mine):
+        tok = None
+    with _audited(request, mine, tok.id if tok is not None else f"token {named}"):
+        if tok is None:
+            raise NotFound(f"token {named} not found")
         store.revoke_token(tok.id)
 
 

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from dsec.api.errors import DSecError, InvalidArgument, Unauthorized
+from dsec.api.errors import DSecError, InvalidArgument
 from dsec.api.models import ExecRequest, validated
 from dsec.api.process import PtySize
-from dsec.gateway.auth import principal_of
-from dsec.gateway.routes.common import check_grading, client_for, gateway_of
+from dsec.gateway.routes.common import (RECHECK_S, check_grading, client_for, next_while,
+                                        revoked, validity)
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
-RECHECK_S = 1.0
 
 
 @router.post("/exec/stream", response_class=StreamingResponse)
@@ -28,7 +26,7 @@ async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> Streami
     check_grading(request, req.grading)
     events = client_for(request, sb_id).exec_stream(sb_id, req)
     first = await events.__anext__()  # errors such as an unknown id surface as a status
-    valid = _validity(request)
+    valid = validity(request)
 
     async def lines() -> AsyncIterator[bytes]:
         ev = first
@@ -37,7 +35,7 @@ async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> Streami
                 ev.result.stdout = ev.result.stderr = ""  # already streamed
             yield ev.model_dump_json().encode() + b"\n"
             try:
-                ev = await _next_while(events, valid)
+                ev = await next_while(events, valid)
             except StopAsyncIteration:
                 return
             except DSecError as exc:
@@ -45,37 +43,6 @@ async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> Streami
                 return
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
-
-
-def _validity(request: Request) -> Callable[[], bool] | None:
-    """How a long stream asks whether its caller's token still works (None: always)."""
-    projects, who = gateway_of(request).projects, principal_of(request)
-    if projects is None or who is None or who.token_hash is None:
-        return None
-    last = [0.0, True]  # asked at most once per RECHECK_S, however fast events come
-
-    def valid() -> bool:
-        now = time.monotonic()
-        if now - last[0] >= RECHECK_S:
-            last[:] = [now, projects.still_valid(who)]
-        return last[1]
-    return valid
-
-
-async def _next_while(events: AsyncIterator, valid: Callable[[], bool] | None):
-    """The stream's next event, or Unauthorized once its token was revoked (asked every
-    ``RECHECK_S`` while the command is silent, and at every event)."""
-    if valid is None:
-        return await events.__anext__()
-    step = asyncio.ensure_future(events.__anext__())
-    while True:
-        done, _ = await asyncio.wait({step}, timeout=RECHECK_S)
-        if not valid():
-            step.cancel()
-            raise Unauthorized("the token of this stream was revoked, expired or lost its "
-                               "project; the command was ended")
-        if done:
-            return step.result()
 
 
 @router.websocket("/pty")
@@ -118,7 +85,17 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
                 return
             await ws.send_bytes(out)
 
-    pumps = {asyncio.create_task(pump_in()), asyncio.create_task(pump_out())}
+    async def watch() -> None:  # a revoked token's terminal ends as its exec stream does
+        if valid is None:
+            await asyncio.Event().wait()  # nothing to watch: the other pumps end it
+            return
+        while valid():
+            await asyncio.sleep(RECHECK_S)
+        await ws.send_text(json.dumps(revoked().to_wire()))
+
+    valid = validity(ws)  # type: ignore[arg-type]
+    pumps = {asyncio.create_task(pump_in()), asyncio.create_task(pump_out()),
+             asyncio.create_task(watch())}
     try:
         done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         for task in done:

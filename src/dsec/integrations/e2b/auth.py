@@ -1,8 +1,10 @@
 """Who may call the E2B API: the API key, each sandbox's envd access token, signed URLs.
 
 The gateway keeps no per-sandbox state, so nothing here is stored: a sandbox's envd access
-token is an HMAC of its id under the server token, and any gateway holding the token
-derives the same one. The control plane takes the dsec token as ``X-API-Key`` (what the SDK
+token names the dsec token it was given to (its id, or ``root``) and is an HMAC of the
+sandbox's id and that name under the server token, so any gateway holding the server token
+checks it, and envd refuses it once that dsec token is revoked or expires (the caller's
+check, :mod:`.envd`). The control plane takes the dsec token as ``X-API-Key`` (what the SDK
 sends as ``E2B_API_KEY``); envd calls carry the sandbox's access token as
 ``X-Access-Token``, as E2B's secured sandboxes do, and file URLs carry E2B's v1 signature
 (sha256 over path, operation, user, access token and expiry) instead of any header.
@@ -13,9 +15,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import time
 
-__all__ = ["Keys", "sign_v1"]
+__all__ = ["Keys", "sign_v1", "ROOT"]
+
+ROOT = "root"  # the name of the server's own token in an access token
+_WHO = re.compile(r"ea_(root|tok-[0-9a-f]{1,32})\.")
 
 
 def sign_v1(path: str, operation: str, user: str, token: str,
@@ -37,18 +43,28 @@ class Keys:
     def api_key_ok(self, key: str | None) -> bool:
         return key is not None and hmac.compare_digest(key.encode(), self._token)
 
-    def access_token(self, sb_id: str) -> str:
-        mac = hmac.new(self._token, b"e2b-envd\0" + sb_id.encode(), hashlib.sha256)
-        return "ea_" + base64.urlsafe_b64encode(mac.digest()[:24]).decode("ascii")
+    def access_token(self, sb_id: str, who: str = ROOT) -> str:
+        """The envd access token of ``sb_id`` given to the dsec token ``who`` (an id)."""
+        mac = hmac.new(self._token, f"e2b-envd\0{sb_id}\0{who}".encode(), hashlib.sha256)
+        return f"ea_{who}.{base64.urlsafe_b64encode(mac.digest()[:24]).decode('ascii')}"
 
-    def access_ok(self, sb_id: str, got: str | None) -> bool:
-        return got is not None and hmac.compare_digest(got.encode(),
-                                                       self.access_token(sb_id).encode())
+    def access_who(self, sb_id: str, got: str | None) -> str | None:
+        """The dsec token ``got`` was given to, if it is an access token of ``sb_id``."""
+        got = got or ""
+        who = _WHO.match(got)
+        if who is None or not hmac.compare_digest(
+                got.encode(), self.access_token(sb_id, who.group(1)).encode()):
+            return None
+        return who.group(1)
 
     def signature_ok(self, sb_id: str, path: str, operation: str, user: str,
-                     signature: str, expiration: int | None) -> bool:
-        """Whether ``signature`` signs this file operation for ``sb_id`` and has not expired."""
+                     signature: str, expiration: int | None,
+                     whos: tuple[str, ...] | list[str] = (ROOT,)) -> bool:
+        """Whether ``signature`` signs this file operation for ``sb_id`` with the access
+        token given to one of ``whos``, and has not expired."""
         if expiration is not None and expiration < time.time():
             return False
-        want = sign_v1(path, operation, user, self.access_token(sb_id), expiration)
-        return hmac.compare_digest(want.encode(), signature.encode())
+        return any(hmac.compare_digest(sign_v1(path, operation, user,
+                                               self.access_token(sb_id, who),
+                                               expiration).encode(), signature.encode())
+                   for who in whos)

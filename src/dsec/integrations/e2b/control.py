@@ -29,7 +29,7 @@ from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
 from dsec.gateway.projects.roles import allows
 from dsec.gateway.spread import list_all
-from dsec.integrations.e2b.auth import Keys
+from dsec.integrations.e2b.auth import ROOT, Keys
 from dsec.integrations.e2b.callers import calling
 from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.models import (ConnectRequest, NewSandbox, TimeoutRequest, created,
@@ -78,6 +78,14 @@ def _retry_headers(exc: DSecError) -> dict[str, str] | None:
     if isinstance(exc, QuotaExceeded):
         headers["should-retry"] = "false"
     return headers
+
+
+def _access_token(request: Request, sb_id: str) -> str:
+    """The envd access token of ``sb_id`` for this call's dsec token: it stops working when
+    that token is revoked or expires (a node's own API: its credential's, ``root``)."""
+    keys: Keys = request.app.state.e2b_keys
+    who = principal_of(request)
+    return keys.access_token(sb_id, ROOT if who is None else who.who)
 
 
 def _not_found(sb_id: str) -> NotFound:
@@ -132,8 +140,7 @@ def control_router(config: E2BConfig) -> APIRouter:
                 raise
             raise NotFound(f"template {spec.image!r} not found: a template is a dsec image "
                            f"name (`dsec images` lists them): {exc.message}") from exc
-        keys: Keys = request.app.state.e2b_keys
-        return JSONResponse(created(info, keys.access_token(info.id)).model_dump(
+        return JSONResponse(created(info, _access_token(request, info.id)).model_dump(
             exclude_none=True), status_code=201)
 
     router.post("/sandboxes")(create)
@@ -162,12 +169,11 @@ def control_router(config: E2BConfig) -> APIRouter:
 
     @router.get("/sandboxes/{sb_id}")
     async def get(request: Request, sb_id: str) -> JSONResponse:
-        keys: Keys = request.app.state.e2b_keys
         info = await _info(request, sb_id)
         who = principal_of(request)
         # envd's access token runs commands: a viewer (read-only) is not given it
-        token = keys.access_token(sb_id) if who is None or allows(who.role, who.project,
-                                                                   "user") else None
+        token = _access_token(request, sb_id) if who is None or allows(
+            who.role, who.project, "user") else None
         return JSONResponse(detail(info, token).model_dump(exclude_none=True))
 
     @router.delete("/sandboxes/{sb_id}", status_code=204)
@@ -192,8 +198,7 @@ def control_router(config: E2BConfig) -> APIRouter:
             status = 201
         if body is not None and body.timeout:
             info = await _extend(request, info, body.timeout, only_longer=True)
-        keys: Keys = request.app.state.e2b_keys
-        return JSONResponse(created(info, keys.access_token(sb_id)).model_dump(
+        return JSONResponse(created(info, _access_token(request, sb_id)).model_dump(
             exclude_none=True), status_code=status)
 
     router.post("/sandboxes/{sb_id}/connect")(connect)

@@ -3,9 +3,11 @@
 E2B reaches each sandbox's own envd at its own host name; with ``E2B_SANDBOX_URL`` set the
 SDK sends every sandbox's calls to one URL and names the sandbox in ``E2b-Sandbox-Id``,
 which is what routes here. A call must carry that sandbox's access token
-(``X-Access-Token``, from create or connect); a file URL from ``download_url`` /
-``upload_url`` carries a signature instead and no header, and its sandbox is the one whose
-token signs it. The user, when the SDK names one, comes as ``Authorization: Basic``.
+(``X-Access-Token``, from create or connect), and the dsec token it was given to must still
+work (not revoked or expired); a file URL from ``download_url`` / ``upload_url`` carries a
+signature instead and no header, and its sandbox is the one whose token signs it (one
+given to a dsec token that still works). The user, when the SDK names one, comes as
+``Authorization: Basic``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from dsec.api.errors import DSecError
+from dsec.api.projects import ancestors
 from dsec.gateway.routes.common import client_for, gateway_of
 from dsec.gateway.spread import list_all
 from dsec.integrations.e2b import filesystem as fs
 from dsec.integrations.e2b import process, watch
-from dsec.integrations.e2b.auth import Keys
+from dsec.integrations.e2b.auth import ROOT, Keys
 from dsec.integrations.e2b.config import E2BConfig
 from dsec.integrations.e2b.connect import (STREAM_TYPE, RpcError, end_stream, envelope,
                                            error_response, from_dsec, parse_client_stream,
@@ -53,9 +56,16 @@ def _target(request: Request) -> Target:
     if not sb_id:
         raise RpcError("invalid_argument", "name the sandbox in the E2b-Sandbox-Id header (the "
                                            "e2b SDK does when E2B_SANDBOX_URL is set)")
-    if not _keys(request).access_ok(sb_id, request.headers.get("x-access-token")):
+    who = _keys(request).access_who(sb_id, request.headers.get("x-access-token"))
+    if who is None:
         raise RpcError("unauthenticated", f"missing or wrong X-Access-Token for sandbox {sb_id}: "
                                           "use the envdAccessToken that create or connect gave")
+    projects = gateway_of(request).projects
+    if who != ROOT and projects is not None and not projects.store.live(who):
+        raise RpcError("unauthenticated", f"the X-Access-Token of sandbox {sb_id} was given to "
+                                          f"the dsec token {who}, which was revoked, expired or "
+                                          "lost its project: connect again with a working "
+                                          "E2B_API_KEY for a new one")
     try:
         client = client_for(request, sb_id)
     except DSecError as exc:
@@ -235,8 +245,9 @@ async def _file_target(request: Request, operation: str) -> tuple[Target, str]:
         exp = int(expiration) if expiration is not None else None
         sb_id = request.headers.get("e2b-sandbox-id") or await _signed_by(
             request, path, operation, user or "", signature, exp)
-        if sb_id is None or not _keys(request).signature_ok(sb_id, path, operation,
-                                                            user or "", signature, exp):
+        if sb_id is None or not _keys(request).signature_ok(
+                sb_id, path, operation, user or "", signature, exp,
+                await _signers_of(request, sb_id)):
             raise RpcError("unauthenticated", f"the signature does not allow {operation} of "
                                               f"{path} (wrong, or expired): get a new URL")
         try:
@@ -258,10 +269,33 @@ async def _signed_by(request: Request, path: str, operation: str, user: str, sig
     if not _V1.fullmatch(signature):  # not worth asking every node about
         return None
     found = await list_all(gateway_of(request))
+    signers: dict[str, list[str]] = {}
     for info in found.sandboxes:
-        if keys.signature_ok(info.id, path, operation, user, signature, expiration):
+        if info.project not in signers:
+            signers[info.project] = _signers(request, info.project)
+        if keys.signature_ok(info.id, path, operation, user, signature, expiration,
+                             signers[info.project]):
             return info.id
     return None
+
+
+def _signers(request: Request, project: str) -> list[str]:
+    """Whose access tokens of a sandbox of ``project`` may sign its file URLs: the root's,
+    and the working tokens (user and above) of the project and those above it."""
+    projects = gateway_of(request).projects
+    if projects is None:
+        return [ROOT]
+    return [ROOT, *projects.store.live_ids(ancestors(project), ("user", "grader", "admin"))]
+
+
+async def _signers_of(request: Request, sb_id: str) -> list[str]:
+    if gateway_of(request).projects is None:
+        return [ROOT]
+    try:
+        info = await client_for(request, sb_id).get(sb_id)
+    except DSecError:
+        return []  # no such sandbox: nothing signs for it
+    return _signers(request, info.project)
 
 
 async def _download(request: Request) -> Response:

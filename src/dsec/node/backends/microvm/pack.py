@@ -87,8 +87,10 @@ def _rewrite(src: tarfile.TarFile, dst: tarfile.TarFile, opaque: set[str],
 def pack_guest_upper(images, connect: Callable[[], socket.socket], tag: str, base,
                      exclude: list[str] | None = None,
                      limits: TarLimits | None = None) -> LayerInfo:
-    """Pack the guest's upper dir as a layer over ``base`` (a ResolvedImage), tag both."""
+    """Pack the guest's upper dir as a layer over ``base`` (a ResolvedImage), tag both
+    (a project's token's snapshot is that project's: ``images.claim``)."""
     tag = normalize_ref(tag)
+    project = images.claim(tag)  # before the work: a tag it may not write fails at once
     limits = limits or TarLimits()
     exclude = ["/.dsec", *(exclude or [])]
     _guest_run(connect, "sync")
@@ -114,6 +116,6 @@ def pack_guest_upper(images, connect: Callable[[], socket.socket], tag: str, bas
     finally:
         shutil.rmtree(work, ignore_errors=True)
     layers = [images.layer_ref(d) for d in base.layer_digests] + [layer]
-    digest = images.commit(tag, layers, base.config)
+    digest = images.commit(tag, layers, base.config, project=project)
     return LayerInfo(digest=layer.digest, size=layer.size, id=layer_id(layer.digest),
                      manifest_digest=digest, tag=tag)
