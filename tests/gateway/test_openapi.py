@@ -105,3 +105,14 @@ def test_log_lines_are_json_with_the_request_id(server):
                for rec in records)
     ours = [rec for rec in records if rec["request_id"] == rid]
     assert ours and ours[-1]["status"] == 404 and ours[-1]["path"] == "/v1/sandboxes/sb-0000-nope"
+
+
+# What a client generator makes of the document (openapi-python-client, openapi-typescript):
+# each check below is a class of problem one of them stumbled on.
+
+def test_schema_names_are_plain_model_names(doc):
+    """A generator names a class after each schema. Two models of one name became
+    ``dsec__api__rl__AuditList`` and ``dsec__api__projects__AuditList``, and
+    openapi-python-client dropped one ("Attempted to generate duplicate models")."""
+    for name in doc["components"]["schemas"]:
+        assert re.fullmatch(r"[A-Z][A-Za-z0-9]*", name), name
