@@ -18,8 +18,33 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from dsec.api.errors import ERROR_TABLE
+from dsec.api.models import ExecEvent
 
-__all__ = ["operation_id", "install_openapi", "DocsPages"]
+__all__ = ["operation_id", "install_openapi", "DocsPages", "BINARY", "raw_body", "raw_answer",
+           "ndjson_answer"]
+
+# Bytes, not JSON: openapi-python-client makes it a File, openapi-typescript a string.
+BINARY = {"type": "string", "format": "binary"}
+
+
+def raw_body(media_type: str) -> dict:
+    """``openapi_extra`` of a route that reads its body as a byte stream: FastAPI sees no
+    body parameter, so without this a generated client has no way to send the bytes."""
+    return {"requestBody": {"required": True, "content": {media_type: {"schema": BINARY}}}}
+
+
+def raw_answer(media_type: str, what: str, status: int = 200) -> dict:
+    """``responses`` of a route that answers bytes of ``media_type``."""
+    return {status: {"description": what, "content": {media_type: {"schema": BINARY}}}}
+
+
+def ndjson_answer(what: str) -> dict:
+    """``responses`` of a route that streams ExecEvent lines. OpenAPI 3.1 cannot name the
+    schema of each line (3.2's ``itemSchema``): the description does, and the document
+    carries ExecEvent for a client to parse lines with."""
+    return {200: {"description": what, "content": {"application/x-ndjson": {"schema": {
+        "type": "string", "description": "one JSON object per line, each an ExecEvent "
+                                         "(#/components/schemas/ExecEvent)"}}}}}
 
 # Routes whose function has no docstring: what they do, as /docs shows it.
 DESCRIPTIONS = {
@@ -133,6 +158,7 @@ def _document(app: FastAPI) -> dict:
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     schemas["Error"] = _error_schema()
+    _add_model(schemas, ExecEvent)  # named by the NDJSON answers, referenced by none
     doc["components"]["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer",
         "description": "the server's API token: `$STATE_DIR/token`, or `DSEC_TOKEN`"}}
@@ -146,13 +172,26 @@ def _document(app: FastAPI) -> dict:
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for status in _statuses(path, method, "requestBody" in op):
-                when, code = _ERRORS[status]
-                responses.setdefault(str(status), {
-                    "description": when,
-                    "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/Error"},
-                        "example": {"error": {"code": code, "message": when}}}}})
+                responses.setdefault(str(status), _error_answer(status, method))
     return doc
+
+
+def _error_answer(status: int, method: str) -> dict:
+    when, code = _ERRORS[status]
+    if method == "head":  # an answer to HEAD has no body
+        return {"description": when}
+    return {"description": when, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"},
+        "example": {"error": {"code": code, "message": when}}}}}
+
+
+def _add_model(schemas: dict, model) -> None:
+    """``model``'s schema, and those it refers to, among the document's schemas."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}",
+                                     mode="serialization")
+    for name, sub in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, sub)
+    schemas.setdefault(model.__name__, schema)
 
 
 def install_openapi(app: FastAPI) -> None:

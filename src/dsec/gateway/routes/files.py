@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from dsec.api.models import FileInfo, FileList
+from dsec.gateway.openapi import raw_answer, raw_body
 from dsec.gateway.routes.common import client_for, reaches_protected
 
 __all__ = ["router"]
@@ -22,7 +23,8 @@ _GRADING = Query(False, description="set by a gateway on a node's own API: the c
                                     "this from the token's role instead)")
 
 
-@router.get("", response_class=StreamingResponse)
+@router.get("", response_class=StreamingResponse,
+            responses=raw_answer("application/octet-stream", "the file's bytes"))
 async def read(request: Request, sb_id: str, path: str = Query(...),
                grading: bool = _GRADING) -> StreamingResponse:
     f = await client_for(request, sb_id).file_read(sb_id, path,
@@ -32,7 +34,7 @@ async def read(request: Request, sb_id: str, path: str = Query(...),
                              headers=headers)
 
 
-@router.put("", response_model=FileInfo)
+@router.put("", response_model=FileInfo, openapi_extra=raw_body("application/octet-stream"))
 async def write(request: Request, sb_id: str, path: str = Query(...),
                 mode: int = Query(0o644, ge=0, le=0o7777),
                 grading: bool = _GRADING) -> FileInfo:
@@ -68,7 +70,8 @@ async def remove(request: Request, sb_id: str, path: str = Query(...),
                                                  reaches_protected(request, grading))
 
 
-@router.get("/tar", response_class=StreamingResponse)
+@router.get("/tar", response_class=StreamingResponse,
+            responses=raw_answer("application/x-tar", "a tar stream of the path"))
 async def download_tar(request: Request, sb_id: str, path: str = Query(...),
                        grading: bool = _GRADING):
     chunks = await client_for(request, sb_id).tar_read(sb_id, path,
@@ -76,7 +79,7 @@ async def download_tar(request: Request, sb_id: str, path: str = Query(...),
     return StreamingResponse(chunks, media_type="application/x-tar")
 
 
-@router.put("/tar")
+@router.put("/tar", openapi_extra=raw_body("application/x-tar"))
 async def upload_tar(request: Request, sb_id: str, path: str = Query(...),
                      grading: bool = _GRADING) -> dict:
     return {"entries": await client_for(request, sb_id).tar_write(

@@ -14,6 +14,7 @@ from dsec.api.errors import DSecError, InvalidArgument, Unauthorized
 from dsec.api.models import ExecRequest, validated
 from dsec.api.process import PtySize
 from dsec.gateway.auth import principal_of
+from dsec.gateway.openapi import ndjson_answer
 from dsec.gateway.routes.common import check_grading, client_for, gateway_of
 
 __all__ = ["router"]
@@ -22,7 +23,8 @@ router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
 RECHECK_S = 1.0
 
 
-@router.post("/exec/stream", response_class=StreamingResponse)
+@router.post("/exec/stream", response_class=StreamingResponse,
+             responses=ndjson_answer("output chunks as they come, then one exit"))
 async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> StreamingResponse:
     """NDJSON lines of ExecEvent: output chunks as they come, then one ``exit``."""
     check_grading(request, req.grading)
