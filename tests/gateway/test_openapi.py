@@ -187,3 +187,14 @@ def test_documented_successes_are_the_ones_returned(server, doc):
     assert [s for s in ops[("/v1/manifests/{name}", "put")]["responses"]
             if s.startswith("2")] == ["201"]
     assert put.json()["digest"] == digest and got.content == data
+
+
+def test_only_dsec_own_api_is_documented(server, doc):
+    """The SandboxFusion routes speak SandboxFusion's protocol: ``run_code`` reads a body
+    the document did not show, and refuses one with SandboxFusion's 422 ``detail``, not
+    the 400 ``error`` documented for it. Like the E2B routes they are for that project's
+    client, and stay out of dsec's document."""
+    assert all(path.startswith("/v1/") for path in doc["paths"]), list(doc["paths"])
+    r = httpx.post(f"{server.url}/sandboxfusion/run_code", content=b"{",
+                   headers={"authorization": f"Bearer {server.token}"}, timeout=30)
+    assert r.status_code == 422 and "detail" in r.json()  # still served, as it was
