@@ -198,3 +198,13 @@ def test_only_dsec_own_api_is_documented(server, doc):
     r = httpx.post(f"{server.url}/sandboxfusion/run_code", content=b"{",
                    headers={"authorization": f"Bearer {server.token}"}, timeout=30)
     assert r.status_code == 422 and "detail" in r.json()  # still served, as it was
+
+
+def test_answers_are_named_models(doc):
+    """An answer typed ``dict`` became a free-form object: openapi-python-client made
+    ``FilesUploadTarResponseFilesUploadTar`` with nothing but ``additional_properties``."""
+    for path, method, op in _operations(doc):
+        for status, answer in op["responses"].items():
+            schema = (answer.get("content") or {}).get("application/json", {}).get("schema")
+            if schema is not None and schema.get("type") == "object":
+                assert schema.get("properties"), (method, path, status, schema)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from dsec.api.models import FileInfo, FileList
+from dsec.api.models import FileInfo, FileList, TarWritten
 from dsec.gateway.openapi import raw_answer, raw_body
 from dsec.gateway.routes.common import client_for, reaches_protected
 
@@ -79,8 +79,8 @@ async def download_tar(request: Request, sb_id: str, path: str = Query(...),
     return StreamingResponse(chunks, media_type="application/x-tar")
 
 
-@router.put("/tar", openapi_extra=raw_body("application/x-tar"))
+@router.put("/tar", response_model=TarWritten, openapi_extra=raw_body("application/x-tar"))
 async def upload_tar(request: Request, sb_id: str, path: str = Query(...),
-                     grading: bool = _GRADING) -> dict:
-    return {"entries": await client_for(request, sb_id).tar_write(
-        sb_id, path, request.stream(), reaches_protected(request, grading))}
+                     grading: bool = _GRADING) -> TarWritten:
+    return TarWritten(entries=await client_for(request, sb_id).tar_write(
+        sb_id, path, request.stream(), reaches_protected(request, grading)))
