@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import httpx
@@ -208,3 +209,31 @@ def test_answers_are_named_models(doc):
             schema = (answer.get("content") or {}).get("application/json", {}).get("schema")
             if schema is not None and schema.get("type") == "object":
                 assert schema.get("properties"), (method, path, status, schema)
+
+
+def test_refusals_of_any_route_are_documented(server, doc):
+    """A token's role is checked on every route (403), and a project made twice is a 409:
+    neither was documented, so a generated client took either for an unexpected status."""
+    name = f"openapi-{os.getpid()}"
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"authorization": f"Bearer {server.token}"}) as http:
+        viewer = http.post("/v1/projects/tokens", json={"role": "viewer", "ttl_s": 600})
+        assert viewer.status_code == 201, viewer.text
+        try:
+            refused = http.post("/v1/sandboxes", json={}, headers={
+                "authorization": f"Bearer {viewer.json()['token']}"})
+        finally:
+            http.post("/v1/projects/tokens/revoke", json={"token": viewer.json()["id"]})
+        assert http.post("/v1/projects", json={"path": name}).status_code == 201
+        try:
+            again = http.post("/v1/projects", json={"path": name})
+        finally:
+            http.delete("/v1/projects", params={"path": name})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
+    ops = {(p, m): op for p, m, op in _operations(doc)}
+    assert "409" in ops[("/v1/projects", "post")]["responses"]
+    for (path, method), op in ops.items():
+        assert "403" in op["responses"], (method, path)
+        if path.startswith("/v1/projects") and (method, path) != ("get", "/v1/projects"):
+            assert "404" in op["responses"], (method, path)  # a project named by `path`

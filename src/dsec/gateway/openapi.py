@@ -109,13 +109,17 @@ _ERRORS = {  # status -> (when, example code)
     400: ("the request is malformed or a value is out of range; the message names the "
           "field and what to change", "invalid_argument"),
     401: ("missing or wrong bearer token", "unauthorized"),
+    403: ("the token's role or project may not do this; the message names what it needs",
+          "forbidden"),
     404: ("no such sandbox, shell, process, job, image or path", "not_found"),
-    409: ("the request conflicts with the sandbox's state", "conflict"),
+    409: ("the request conflicts with the current state (the sandbox's; a project that "
+          "exists already or is not empty)", "conflict"),
     410: ("the sandbox was stopped or expired (the message says which)", "stopped"),
     413: ("the JSON body is over `limits.body_bytes`", "too_large"),
     429: ("no node has room now (see `Retry-After`)", "capacity"),
     500: ("an unexpected failure on the server; the message says where", "internal"),
-    503: ("the node holding the sandbox does not answer", "node_lost"),
+    503: ("the node holding the sandbox does not answer (`node_lost`), or no node does "
+          "(`unavailable`)", "node_lost"),
     504: ("the operation ran past its timeout", "timeout"),
 }
 
@@ -128,11 +132,16 @@ def operation_id(route) -> str:
 
 
 def _statuses(path: str, method: str, has_body: bool) -> list[int]:
-    out = [400, 401, 500]
-    if "{" in path:
-        out += [404]
+    out = [400, 401, 403, 500]  # 403: every route checks the token's role
+    projects = path.startswith("/v1/projects")
+    if "{" in path or (projects and (path, method) != ("/v1/projects", "get")):
+        out += [404]  # what the path names; a project named by the `path` parameter
     if "{sb_id}" in path:
-        out += [409, 410, 503]
+        out += [409, 410]
+    if path == "/v1/projects" and method in ("post", "delete"):
+        out += [409]
+    if not projects:  # reaches a node
+        out += [503]
     if has_body:
         out += [413]
     if method == "post" and path in ("/v1/sandboxes", "/v1/sandboxes/batch", "/v1/fncall",
