@@ -237,3 +237,28 @@ def test_refusals_of_any_route_are_documented(server, doc):
         assert "403" in op["responses"], (method, path)
         if path.startswith("/v1/projects") and (method, path) != ("get", "/v1/projects"):
             assert "404" in op["responses"], (method, path)  # a project named by `path`
+
+
+def test_answers_require_every_field_they_always_send(server, doc):
+    """The server sends every field of an answer, defaults included; the document listed
+    only the fields without a default as required, so openapi-python-client typed the
+    others ``str | Unset`` (``ExecResult.stdout``, ``SandboxInfo.layers``), and
+    openapi-typescript made them optional. A request keeps its defaulted fields
+    optional."""
+    schemas = doc["components"]["schemas"]
+    for name in ("SandboxInfo", "ExecResult", "ExecEvent", "FileInfo", "SandboxList"):
+        assert set(schemas[name]["required"]) == set(schemas[name]["properties"]), name
+    for name in ("SandboxSpec", "ExecRequest"):
+        assert schemas[name].get("required", []) == (["cmd"] if name == "ExecRequest" else [])
+    auth = {"authorization": f"Bearer {server.token}"}
+    with httpx.Client(base_url=server.url, timeout=60, headers=auth) as http:
+        sb = http.post("/v1/sandboxes", json={"memory_mb": 64}).json()
+        try:
+            answers = {"SandboxInfo": http.get(f"/v1/sandboxes/{sb['id']}").json(),
+                       "ExecResult": http.post(f"/v1/sandboxes/{sb['id']}/exec",
+                                               json={"cmd": "true"}).json(),
+                       "SandboxList": http.get("/v1/sandboxes").json()}
+        finally:
+            http.delete(f"/v1/sandboxes/{sb['id']}")
+    for name, body in answers.items():
+        assert set(schemas[name]["required"]) <= set(body), (name, body)

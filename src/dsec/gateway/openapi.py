@@ -182,7 +182,41 @@ def _document(app: FastAPI) -> dict:
             responses.pop("422", None)
             for status in _statuses(path, method, "requestBody" in op):
                 responses.setdefault(str(status), _error_answer(status, method))
+    _answers_send_every_field(doc)
     return doc
+
+
+def _answers_send_every_field(doc: dict) -> None:
+    """Every property of a schema only answers use is required: the server sends every
+    field of a model, defaults included, and a generator types a field that may be absent
+    as such (``str | Unset``, ``stdout?: string``). A schema requests use as well keeps
+    its defaulted fields optional, as a request may leave them out."""
+    schemas = doc["components"]["schemas"]
+    asked, answered = set(), set()
+    for item in doc["paths"].values():
+        for op in item.values():
+            _refs(schemas, [op.get("requestBody"), op.get("parameters")], asked)
+            _refs(schemas, op.get("responses"), answered)
+    _refs(schemas, {"$ref": "#/components/schemas/ExecEvent"}, answered)  # NDJSON lines
+    for name in answered - asked:
+        if props := schemas[name].get("properties"):
+            schemas[name]["required"] = list(props)
+
+
+def _refs(schemas: dict, node, seen: set[str]) -> None:
+    """Add to ``seen`` the schemas ``node`` refers to, directly or through others."""
+    if isinstance(node, list):
+        for item in node:
+            _refs(schemas, item, seen)
+    elif isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            name = ref.rsplit("/", 1)[1]
+            if name not in seen:
+                seen.add(name)
+                _refs(schemas, schemas.get(name), seen)
+        for value in node.values():
+            _refs(schemas, value, seen)
 
 
 def _error_answer(status: int, method: str) -> dict:
