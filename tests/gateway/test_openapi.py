@@ -262,3 +262,14 @@ def test_answers_require_every_field_they_always_send(server, doc):
             http.delete(f"/v1/sandboxes/{sb['id']}")
     for name, body in answers.items():
         assert set(schemas[name]["required"]) <= set(body), (name, body)
+
+
+def test_a_collection_and_its_items_share_a_tag(doc):
+    """A generator groups operations by tag (openapi-python-client: one package each):
+    listing images was ``api.sandboxes.sandboxes_images`` while removing one was
+    ``api.images.images_remove_image``."""
+    tags = {}
+    for path, method, op in _operations(doc):
+        tags.setdefault(re.sub(r"/\{[^}]+\}$", "", path), set()).add(op["tags"][0])
+    mixed = {path: got for path, got in tags.items() if len(got) > 1}
+    assert not mixed, mixed

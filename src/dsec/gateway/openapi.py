@@ -67,7 +67,7 @@ DESCRIPTIONS = {
     "sandboxes_shell_close": "End a shell session.",
     "sandboxes_pack_diff": "Turn the sandbox's writable layer into a new layer over its "
                            "image, tagged `tag`.",
-    "sandboxes_images": "Images (tags) the cluster's nodes know.",
+    "images_list_images": "Images (tags) the cluster's nodes know.",
     "sandboxes_nodes": "Nodes of the cluster with their load.",
     "files_read": "The file's bytes (streamed).",
     "files_write": "Create or replace a file with the request body (streamed; bounded by "

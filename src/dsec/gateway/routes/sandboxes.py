@@ -134,12 +134,6 @@ async def input_(request: Request, sb_id: str, req: InputRequest) -> None:
     await client_for(request, sb_id).input(sb_id, req)
 
 
-@router.get("/images", response_model=list[ImageSummary])
-async def images(request: Request) -> list[ImageSummary]:
-    clients, _ = healthy_clients(gateway_of(request))
-    return await clients[0].list_images() if clients else []
-
-
 @router.get("/nodes/load", include_in_schema=False)
 @hot
 async def node_loads(request: Request) -> Response:
