@@ -273,3 +273,12 @@ def test_a_collection_and_its_items_share_a_tag(doc):
         tags.setdefault(re.sub(r"/\{[^}]+\}$", "", path), set()).add(op["tags"][0])
     mixed = {path: got for path, got in tags.items() if len(got) > 1}
     assert not mixed, mixed
+
+
+def test_the_description_says_what_generators_need(doc):
+    """What the document cannot say in its own terms: the WebSocket route, and the two
+    generator settings that a client of these answers and requests needs."""
+    text = doc["info"]["description"]
+    for needed in ("/v1/sandboxes/{sb_id}/pty", "content_type_overrides",
+                   "--default-non-nullable false"):
+        assert needed in text, needed
