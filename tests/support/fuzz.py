@@ -27,6 +27,9 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))
 # Refusals the error table answers with a 5xx on purpose: none. "No room now" is 429 and a
 # verb this sandbox's backend lacks is 400; a 5xx from a healthy server is a bug.
 REFUSALS_5XX: dict[int, set[str]] = {}
+# A tar upload's body is bytes like any other (schemathesis knows no application/x-tar);
+# registered for every schemathesis user that imports this module.
+schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
 
 
 def schema(url: str, token: str):
