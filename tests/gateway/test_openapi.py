@@ -13,6 +13,8 @@ import re
 import httpx
 import pytest
 
+from dsec.api.errors import ERROR_TABLE
+
 METHODS = ("get", "put", "post", "delete", "patch", "head")
 
 
@@ -282,3 +284,13 @@ def test_the_description_says_what_generators_need(doc):
     for needed in ("/v1/sandboxes/{sb_id}/pty", "content_type_overrides",
                    "--default-non-nullable false"):
         assert needed in text, needed
+
+
+def test_the_error_shape_is_named_schemas(doc):
+    """The error answer's inner object and its code were anonymous: openapi-python-client
+    named them ``ErrorError`` and ``ErrorErrorCode``. They are ``ErrorDetail`` and
+    ``ErrorCode``, the codes of the error table."""
+    schemas = doc["components"]["schemas"]
+    assert schemas["Error"]["properties"]["error"] == {"$ref": "#/components/schemas/ErrorDetail"}
+    assert schemas["ErrorDetail"]["properties"]["code"] == {"$ref": "#/components/schemas/ErrorCode"}
+    assert set(schemas["ErrorCode"]["enum"]) == set(ERROR_TABLE)

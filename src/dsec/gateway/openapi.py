@@ -152,12 +152,18 @@ def _statuses(path: str, method: str, has_body: bool) -> list[int]:
     return sorted(set(out))
 
 
-def _error_schema() -> dict:
-    return {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["code", "message"], "properties": {
-            "code": {"type": "string", "enum": sorted(ERROR_TABLE)},
-            "message": {"type": "string", "description": "what went wrong and what to "
-                                                         "change"}}}}}
+def _error_schemas() -> dict:
+    """The one error shape, each part a named schema (a generator names anonymous ones
+    after their place: ``ErrorError``, ``ErrorErrorCode``)."""
+    return {
+        "Error": {"type": "object", "required": ["error"], "properties": {
+            "error": {"$ref": "#/components/schemas/ErrorDetail"}}},
+        "ErrorDetail": {"type": "object", "required": ["code", "message"], "properties": {
+            "code": {"$ref": "#/components/schemas/ErrorCode"},
+            "message": {"type": "string",
+                        "description": "what went wrong and what to change"}}},
+        "ErrorCode": {"type": "string", "enum": sorted(ERROR_TABLE),
+                      "description": "one per exception of dsec's error table"}}
 
 
 def _document(app: FastAPI) -> dict:
@@ -166,7 +172,7 @@ def _document(app: FastAPI) -> dict:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    schemas["Error"] = _error_schema()
+    schemas.update(_error_schemas())
     _add_model(schemas, ExecEvent)  # named by the NDJSON answers, referenced by none
     doc["components"]["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer",
