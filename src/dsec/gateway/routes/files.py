@@ -18,9 +18,11 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sb_id}/files")
 
-_GRADING = Query(False, description="set by a gateway on a node's own API: the caller may "
-                                    "grade, so protected paths are reached (a gateway takes "
-                                    "this from the token's role instead)")
+# Not in the OpenAPI document: a gateway ignores it, and only a gateway sets it
+_GRADING = Query(False, include_in_schema=False,
+                 description="set by a gateway on a node's own API: the caller may grade, so "
+                             "protected paths are reached (a gateway takes this from the "
+                             "token's role instead)")
 
 
 @router.get("", response_class=StreamingResponse,
