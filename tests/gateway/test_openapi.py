@@ -291,8 +291,9 @@ def test_the_error_shape_is_named_schemas(doc):
     named them ``ErrorError`` and ``ErrorErrorCode``. They are ``ErrorDetail`` and
     ``ErrorCode``, the codes of the error table."""
     schemas = doc["components"]["schemas"]
-    assert schemas["Error"]["properties"]["error"] == {"$ref": "#/components/schemas/ErrorDetail"}
-    assert schemas["ErrorDetail"]["properties"]["code"] == {"$ref": "#/components/schemas/ErrorCode"}
+    ref = "#/components/schemas/"
+    assert schemas["Error"]["properties"]["error"] == {"$ref": ref + "ErrorDetail"}
+    assert schemas["ErrorDetail"]["properties"]["code"] == {"$ref": ref + "ErrorCode"}
     assert set(schemas["ErrorCode"]["enum"]) == set(ERROR_TABLE)
 
 
