@@ -30,6 +30,7 @@ from dsec.cluster.local import LocalCluster
 from dsec.gateway.app import create_app
 from dsec.gateway.fastlane import FastLane
 from dsec.node.backends.simulated import open_simulated_node
+from tests.support import fuzz  # noqa: F401  (its serializer for tar bodies)
 
 pytestmark = pytest.mark.timeout(600)
 EXAMPLES = int(os.environ.get("FASTLANE_FUZZ_EXAMPLES", "60"))

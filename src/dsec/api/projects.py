@@ -29,7 +29,7 @@ __all__ = [
     "TokenList",
     "TokenRevoke",
     "AuditEntry",
-    "AuditList",
+    "ProjectAuditList",
     "check_project_path",
     "ancestors",
     "within",
@@ -181,5 +181,5 @@ class AuditEntry(BaseModel):
     outcome: str = Field(description="'ok', or the error code and message")
 
 
-class AuditList(BaseModel):
+class ProjectAuditList(BaseModel):
     entries: list[AuditEntry]

@@ -17,7 +17,7 @@ __all__ = [
     "TrajectoryEntry",
     "TrajectoryPage",
     "AuditRecord",
-    "AuditList",
+    "SandboxAuditList",
     "NetworkRequest",
     "NetworkStatus",
     "DeniedFlow",
@@ -61,7 +61,7 @@ class AuditRecord(BaseModel):
     count: int = 1
 
 
-class AuditList(BaseModel):
+class SandboxAuditList(BaseModel):
     records: list[AuditRecord]
 
 

@@ -35,8 +35,8 @@ from dsec.api.models import (CreateManyRequest, ExecEvent, ExecRequest, ExecResu
                              SandboxInfo, SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
                               PtySize, SignalRequest, StdinRequest, TimeoutRequest)
-from dsec.api.rl import (AuditList, HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
-                         TrajectoryPage)
+from dsec.api.rl import (HeartbeatRequest, JobList, NetworkRequest, NetworkStatus,
+                         SandboxAuditList, TrajectoryPage)
 from dsec.api.tracing import REQUEST_ID
 from dsec.api.scope import SCOPE_HEADER, caller_scope
 from dsec.gateway import metrics
@@ -516,7 +516,7 @@ class HttpNodeClient:
         return NetworkStatus.model_validate(resp.json())
 
     async def audit(self, sb_id: str):
-        return AuditList.model_validate(await self._json(
+        return SandboxAuditList.model_validate(await self._json(
             "GET", f"/v1/sandboxes/{sb_id}/audit")).records
 
     async def trajectory(self, sb_id: str, offset: int, limit: int) -> TrajectoryPage:

@@ -44,7 +44,18 @@ at most {DEFAULT_LIMITS.body_bytes} bytes (else 413 `too_large`; file and tar up
 and are bounded by the sandbox's `disk_mb` and `memory_mb`); each field's own limit is in
 its schema and named `limits.<field>` in a refusal. `capacity` (429, with `Retry-After`)
 means no node has room now; `node_lost` (503) that the node holding a sandbox does not
-answer."""
+answer.
+
+Not in this document: the terminal WebSocket `/v1/sandboxes/{{sb_id}}/pty` (binary frames of
+terminal bytes both ways, a text frame `{{"resize": [rows, cols]}}`, the server's last frame
+`{{"exit": code}}`), and the E2B- and SandboxFusion-compatible routes (their own protocols).
+
+Generated clients: bytes travel as `application/octet-stream`, `application/x-tar` and
+`image/png`, streamed exec events as `application/x-ndjson` (one `ExecEvent` per line).
+openapi-python-client knows only the first of these: give it `content_type_overrides`
+mapping the others to `application/octet-stream` (NDJSON to `text/plain`). With
+openapi-typescript pass `--default-non-nullable false`: by default it types a request's
+fields that have a default as required."""
 
 
 def create_app(cluster: Cluster, token: str, close_cluster: bool = True,

@@ -18,8 +18,33 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from dsec.api.errors import ERROR_TABLE
+from dsec.api.models import ExecEvent
 
-__all__ = ["operation_id", "install_openapi", "DocsPages"]
+__all__ = ["operation_id", "install_openapi", "DocsPages", "BINARY", "raw_body", "raw_answer",
+           "ndjson_answer"]
+
+# Bytes, not JSON: openapi-python-client makes it a File, openapi-typescript a string.
+BINARY = {"type": "string", "format": "binary"}
+
+
+def raw_body(media_type: str) -> dict:
+    """``openapi_extra`` of a route that reads its body as a byte stream: FastAPI sees no
+    body parameter, so without this a generated client has no way to send the bytes."""
+    return {"requestBody": {"required": True, "content": {media_type: {"schema": BINARY}}}}
+
+
+def raw_answer(media_type: str, what: str, status: int = 200) -> dict:
+    """``responses`` of a route that answers bytes of ``media_type``."""
+    return {status: {"description": what, "content": {media_type: {"schema": BINARY}}}}
+
+
+def ndjson_answer(what: str) -> dict:
+    """``responses`` of a route that streams ExecEvent lines. OpenAPI 3.1 cannot name the
+    schema of each line (3.2's ``itemSchema``): the description does, and the document
+    carries ExecEvent for a client to parse lines with."""
+    return {200: {"description": what, "content": {"application/x-ndjson": {"schema": {
+        "type": "string", "description": "one JSON object per line, each an ExecEvent "
+                                         "(#/components/schemas/ExecEvent)"}}}}}
 
 # Routes whose function has no docstring: what they do, as /docs shows it.
 DESCRIPTIONS = {
@@ -42,7 +67,7 @@ DESCRIPTIONS = {
     "sandboxes_shell_close": "End a shell session.",
     "sandboxes_pack_diff": "Turn the sandbox's writable layer into a new layer over its "
                            "image, tagged `tag`.",
-    "sandboxes_images": "Images (tags) the cluster's nodes know.",
+    "images_list_images": "Images (tags) the cluster's nodes know.",
     "sandboxes_nodes": "Nodes of the cluster with their load.",
     "files_read": "The file's bytes (streamed).",
     "files_write": "Create or replace a file with the request body (streamed; bounded by "
@@ -84,13 +109,17 @@ _ERRORS = {  # status -> (when, example code)
     400: ("the request is malformed or a value is out of range; the message names the "
           "field and what to change", "invalid_argument"),
     401: ("missing or wrong bearer token", "unauthorized"),
+    403: ("the token's role or project may not do this; the message names what it needs",
+          "forbidden"),
     404: ("no such sandbox, shell, process, job, image or path", "not_found"),
-    409: ("the request conflicts with the sandbox's state", "conflict"),
+    409: ("the request conflicts with the current state (the sandbox's; a project that "
+          "exists already or is not empty)", "conflict"),
     410: ("the sandbox was stopped or expired (the message says which)", "stopped"),
     413: ("the JSON body is over `limits.body_bytes`", "too_large"),
     429: ("no node has room now (see `Retry-After`)", "capacity"),
     500: ("an unexpected failure on the server; the message says where", "internal"),
-    503: ("the node holding the sandbox does not answer", "node_lost"),
+    503: ("the node holding the sandbox does not answer (`node_lost`), or no node does "
+          "(`unavailable`)", "node_lost"),
     504: ("the operation ran past its timeout", "timeout"),
 }
 
@@ -103,11 +132,16 @@ def operation_id(route) -> str:
 
 
 def _statuses(path: str, method: str, has_body: bool) -> list[int]:
-    out = [400, 401, 500]
-    if "{" in path:
-        out += [404]
+    out = [400, 401, 403, 500]  # 403: every route checks the token's role
+    projects = path.startswith("/v1/projects")
+    if "{" in path or (projects and (path, method) != ("/v1/projects", "get")):
+        out += [404]  # what the path names; a project named by the `path` parameter
     if "{sb_id}" in path:
-        out += [409, 410, 503]
+        out += [409, 410]
+    if path == "/v1/projects" and method in ("post", "delete"):
+        out += [409]
+    if not projects:  # reaches a node
+        out += [503]
     if has_body:
         out += [413]
     if method == "post" and path in ("/v1/sandboxes", "/v1/sandboxes/batch", "/v1/fncall",
@@ -118,12 +152,18 @@ def _statuses(path: str, method: str, has_body: bool) -> list[int]:
     return sorted(set(out))
 
 
-def _error_schema() -> dict:
-    return {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["code", "message"], "properties": {
-            "code": {"type": "string", "enum": sorted(ERROR_TABLE)},
-            "message": {"type": "string", "description": "what went wrong and what to "
-                                                         "change"}}}}}
+def _error_schemas() -> dict:
+    """The one error shape, each part a named schema (a generator names anonymous ones
+    after their place: ``ErrorError``, ``ErrorErrorCode``)."""
+    return {
+        "Error": {"type": "object", "required": ["error"], "properties": {
+            "error": {"$ref": "#/components/schemas/ErrorDetail"}}},
+        "ErrorDetail": {"type": "object", "required": ["code", "message"], "properties": {
+            "code": {"$ref": "#/components/schemas/ErrorCode"},
+            "message": {"type": "string",
+                        "description": "what went wrong and what to change"}}},
+        "ErrorCode": {"type": "string", "enum": sorted(ERROR_TABLE),
+                      "description": "one per exception of dsec's error table"}}
 
 
 def _document(app: FastAPI) -> dict:
@@ -132,7 +172,8 @@ def _document(app: FastAPI) -> dict:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    schemas["Error"] = _error_schema()
+    schemas.update(_error_schemas())
+    _add_model(schemas, ExecEvent)  # named by the NDJSON answers, referenced by none
     doc["components"]["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer",
         "description": "the server's API token: `$STATE_DIR/token`, or `DSEC_TOKEN`"}}
@@ -146,13 +187,60 @@ def _document(app: FastAPI) -> dict:
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for status in _statuses(path, method, "requestBody" in op):
-                when, code = _ERRORS[status]
-                responses.setdefault(str(status), {
-                    "description": when,
-                    "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/Error"},
-                        "example": {"error": {"code": code, "message": when}}}}})
+                responses.setdefault(str(status), _error_answer(status, method))
+    _answers_send_every_field(doc)
     return doc
+
+
+def _answers_send_every_field(doc: dict) -> None:
+    """Every property of a schema only answers use is required: the server sends every
+    field of a model, defaults included, and a generator types a field that may be absent
+    as such (``str | Unset``, ``stdout?: string``). A schema requests use as well keeps
+    its defaulted fields optional, as a request may leave them out."""
+    schemas = doc["components"]["schemas"]
+    asked, answered = set(), set()
+    for item in doc["paths"].values():
+        for op in item.values():
+            _refs(schemas, [op.get("requestBody"), op.get("parameters")], asked)
+            _refs(schemas, op.get("responses"), answered)
+    _refs(schemas, {"$ref": "#/components/schemas/ExecEvent"}, answered)  # NDJSON lines
+    for name in answered - asked:
+        if props := schemas[name].get("properties"):
+            schemas[name]["required"] = list(props)
+
+
+def _refs(schemas: dict, node, seen: set[str]) -> None:
+    """Add to ``seen`` the schemas ``node`` refers to, directly or through others."""
+    if isinstance(node, list):
+        for item in node:
+            _refs(schemas, item, seen)
+    elif isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            name = ref.rsplit("/", 1)[1]
+            if name not in seen:
+                seen.add(name)
+                _refs(schemas, schemas.get(name), seen)
+        for value in node.values():
+            _refs(schemas, value, seen)
+
+
+def _error_answer(status: int, method: str) -> dict:
+    when, code = _ERRORS[status]
+    if method == "head":  # an answer to HEAD has no body
+        return {"description": when}
+    return {"description": when, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"},
+        "example": {"error": {"code": code, "message": when}}}}}
+
+
+def _add_model(schemas: dict, model) -> None:
+    """``model``'s schema, and those it refers to, among the document's schemas."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}",
+                                     mode="serialization")
+    for name, sub in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, sub)
+    schemas.setdefault(model.__name__, schema)
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel
 
 from dsec.api.errors import DSecError, InvalidArgument, NotFound
-from dsec.images.models import Manifest
+from dsec.images.models import LayerRef, Manifest
 from dsec.images.refs import check_digest, is_digest
 from dsec.images.remote import PROJECT_HEADER
 from dsec.images.store import CorruptBlob, hash_blob
@@ -43,6 +44,16 @@ __all__ = ["blob_router", "DIGEST_HEADER"]
 DIGEST_HEADER = "Dsec-Content-Digest"
 MAX_MANIFEST = 1 << 20
 
+# How the document describes the routes that take or answer bytes (FastAPI sees neither).
+_BYTES = {"content": {"application/octet-stream": {"schema": {"type": "string",
+                                                               "format": "binary"}}}}
+
+
+class ManifestPushed(BaseModel):
+    """A manifest the store took: its digest."""
+
+    digest: str
+
 
 def blob_router(svc: ImageService) -> APIRouter:
     """A router serving ``svc``'s blobs and manifests (see module docstring)."""
@@ -53,7 +64,9 @@ def blob_router(svc: ImageService) -> APIRouter:
     def _error(exc: DSecError) -> JSONResponse:
         return JSONResponse(exc.to_wire(), status_code=exc.status)
 
-    @router.get("/v1/blobs/{digest}")
+    @router.get("/v1/blobs/{digest}", response_class=Response, responses={
+        200: {"description": "the blob", **_BYTES},
+        206: {"description": "the part of the blob a Range header asked for", **_BYTES}})
     def get_blob(digest: str) -> Response:
         try:
             path = svc.store.blob_path(digest)
@@ -65,7 +78,8 @@ def blob_router(svc: ImageService) -> APIRouter:
         return FileResponse(path, media_type="application/octet-stream",
                             headers={DIGEST_HEADER: digest})
 
-    @router.get("/v1/blobs/{digest}/chunks")
+    @router.get("/v1/blobs/{digest}/chunks", response_class=Response,
+                responses={200: {"description": "the chunk table", **_BYTES}})
     def get_chunks(digest: str) -> Response:
         try:
             path = svc.store.blob_path(digest)
@@ -86,7 +100,9 @@ def blob_router(svc: ImageService) -> APIRouter:
             return _error(exc)
         return Response(table, media_type="application/octet-stream")
 
-    @router.head("/v1/blobs/{digest}")
+    @router.head("/v1/blobs/{digest}", response_class=Response,
+                 responses={200: {"description": "the store has the blob"},
+                            404: {"description": "the store does not have it"}})
     def head_blob(digest: str) -> Response:
         try:
             ok = svc.store.has_blob(digest)
@@ -94,7 +110,8 @@ def blob_router(svc: ImageService) -> APIRouter:
             return _error(exc)
         return Response(status_code=200 if ok else 404)
 
-    @router.put("/v1/blobs/{digest}")
+    @router.put("/v1/blobs/{digest}", status_code=201, response_model=LayerRef,
+                openapi_extra={"requestBody": {"required": True, **_BYTES}})
     async def put_blob(digest: str, request: Request) -> Response:
         try:
             check_digest(digest)
@@ -110,7 +127,9 @@ def blob_router(svc: ImageService) -> APIRouter:
             return _error(exc)
         return JSONResponse(ref.model_dump(), status_code=201)
 
-    @router.put("/v1/manifests/{name:path}")
+    @router.put("/v1/manifests/{name:path}", status_code=201, response_model=ManifestPushed,
+                openapi_extra={"requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Manifest"}}}}})
     async def put_manifest(name: str, request: Request) -> Response:
         data = await request.body()
         try:
@@ -132,9 +151,10 @@ def blob_router(svc: ImageService) -> APIRouter:
                 svc.store.set_tag(name, digest)
         except DSecError as exc:
             return _error(exc)
-        return JSONResponse({"digest": digest}, status_code=201, headers={DIGEST_HEADER: digest})
+        return JSONResponse(ManifestPushed(digest=digest).model_dump(), status_code=201,
+                            headers={DIGEST_HEADER: digest})
 
-    @router.get("/v1/manifests/{name:path}")
+    @router.get("/v1/manifests/{name:path}", response_model=Manifest)
     def get_manifest(name: str) -> Response:
         try:
             digest = svc.manifest_digest(name)  # a tag the caller may not see: NotFound

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dsec.api.models import validated
-from dsec.api.projects import (AuditEntry, AuditList, ProjectCreate, ProjectInfo, ProjectList,
-                               ProjectUpdate, Quota, Role, TokenCreate, TokenCreated,
-                               TokenInfo, TokenList, TokenRevoke, Usage)
+from dsec.api.projects import (AuditEntry, ProjectAuditList, ProjectCreate, ProjectInfo,
+                               ProjectList, ProjectUpdate, Quota, Role, TokenCreate,
+                               TokenCreated, TokenInfo, TokenList, TokenRevoke, Usage)
 
 from dsec.sdk.boundary import guarded, parse
 
@@ -88,4 +88,4 @@ class AsyncProjects:
         resp = await self._client._request("GET", "/v1/projects/audit",
                                            params={"path": project, "limit": limit,
                                                    "since": since})
-        return parse(AuditList, resp).entries
+        return parse(ProjectAuditList, resp).entries

@@ -11,7 +11,8 @@ from dsec.api.models import (MAX_OUTPUT_DEFAULT, ExecEvent, ExecRequest, ExecRes
                              ImageSummary, InputRequest, PackDiffRequest, SandboxInfo, ShellInfo,
                              ShellRunRequest, validated)
 from dsec.api.process import ProcessInfo, ProcessList, ProcessRequest, TimeoutRequest
-from dsec.api.rl import AuditList, AuditRecord, NetworkRequest, NetworkStatus, TrajectoryPage
+from dsec.api.rl import (AuditRecord, NetworkRequest, NetworkStatus, SandboxAuditList,
+                         TrajectoryPage)
 from dsec.sdk.boundary import guarded, parse, parse_obj
 from dsec.sdk.files import AsyncFiles
 from dsec.sdk.process import AsyncProcess, OutputCallback, deliver
@@ -228,7 +229,7 @@ class AsyncSandbox:
     async def audit(self) -> list[AuditRecord]:
         """Actions this sandbox was refused: network destinations, divergent replays."""
         resp = await self._client._request("GET", f"/v1/sandboxes/{self.id}/audit")
-        return parse(AuditList, resp).records
+        return parse(SandboxAuditList, resp).records
 
     async def stop(self) -> None:
         """Stop the sandbox and remove everything it had."""

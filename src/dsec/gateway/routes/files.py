@@ -10,19 +10,23 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from dsec.api.models import FileInfo, FileList
+from dsec.api.models import FileInfo, FileList, TarWritten
+from dsec.gateway.openapi import raw_answer, raw_body
 from dsec.gateway.routes.common import client_for, reaches_protected
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sandboxes/{sb_id}/files")
 
-_GRADING = Query(False, description="set by a gateway on a node's own API: the caller may "
-                                    "grade, so protected paths are reached (a gateway takes "
-                                    "this from the token's role instead)")
+# Not in the OpenAPI document: a gateway ignores it, and only a gateway sets it
+_GRADING = Query(False, include_in_schema=False,
+                 description="set by a gateway on a node's own API: the caller may grade, so "
+                             "protected paths are reached (a gateway takes this from the "
+                             "token's role instead)")
 
 
-@router.get("", response_class=StreamingResponse)
+@router.get("", response_class=StreamingResponse,
+            responses=raw_answer("application/octet-stream", "the file's bytes"))
 async def read(request: Request, sb_id: str, path: str = Query(...),
                grading: bool = _GRADING) -> StreamingResponse:
     f = await client_for(request, sb_id).file_read(sb_id, path,
@@ -32,7 +36,7 @@ async def read(request: Request, sb_id: str, path: str = Query(...),
                              headers=headers)
 
 
-@router.put("", response_model=FileInfo)
+@router.put("", response_model=FileInfo, openapi_extra=raw_body("application/octet-stream"))
 async def write(request: Request, sb_id: str, path: str = Query(...),
                 mode: int = Query(0o644, ge=0, le=0o7777),
                 grading: bool = _GRADING) -> FileInfo:
@@ -68,7 +72,8 @@ async def remove(request: Request, sb_id: str, path: str = Query(...),
                                                  reaches_protected(request, grading))
 
 
-@router.get("/tar", response_class=StreamingResponse)
+@router.get("/tar", response_class=StreamingResponse,
+            responses=raw_answer("application/x-tar", "a tar stream of the path"))
 async def download_tar(request: Request, sb_id: str, path: str = Query(...),
                        grading: bool = _GRADING):
     chunks = await client_for(request, sb_id).tar_read(sb_id, path,
@@ -76,8 +81,8 @@ async def download_tar(request: Request, sb_id: str, path: str = Query(...),
     return StreamingResponse(chunks, media_type="application/x-tar")
 
 
-@router.put("/tar")
+@router.put("/tar", response_model=TarWritten, openapi_extra=raw_body("application/x-tar"))
 async def upload_tar(request: Request, sb_id: str, path: str = Query(...),
-                     grading: bool = _GRADING) -> dict:
-    return {"entries": await client_for(request, sb_id).tar_write(
-        sb_id, path, request.stream(), reaches_protected(request, grading))}
+                     grading: bool = _GRADING) -> TarWritten:
+    return TarWritten(entries=await client_for(request, sb_id).tar_write(
+        sb_id, path, request.stream(), reaches_protected(request, grading)))

@@ -1,4 +1,4 @@
-"""Image routes that change the layer store (listing stays with the sandbox routes)."""
+"""Image routes: the images the nodes know, and their removal."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from dsec.api.errors import NotFound
+from dsec.api.models import ImageSummary
 from dsec.gateway.routes.common import gateway_of
 from dsec.gateway.spread import healthy_clients
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1")
+
+
+@router.get("/images", response_model=list[ImageSummary])
+async def list_images(request: Request) -> list[ImageSummary]:
+    clients, _ = healthy_clients(gateway_of(request))
+    return await clients[0].list_images() if clients else []
 
 
 @router.delete("/images/{name:path}", status_code=204)

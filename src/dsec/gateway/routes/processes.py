@@ -12,6 +12,7 @@ from dsec.api.errors import DSecError
 from dsec.api.models import SandboxInfo
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
                               PtySize, SignalRequest, StdinRequest, TimeoutRequest)
+from dsec.gateway.openapi import ndjson_answer
 from dsec.gateway.routes.common import check_grading, client_for, next_while, validity
 
 __all__ = ["router"]
@@ -46,8 +47,7 @@ async def get(request: Request, sb_id: str, pid: int) -> ProcessInfo:
 
 
 @router.get("/processes/{pid}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-ndjson": {}},
-                             "description": "NDJSON lines of ExecEvent"}})
+            responses=ndjson_answer("the kept output, what comes, then one exit"))
 async def events(request: Request, sb_id: str, pid: int,
                  since: int = Query(0, ge=0, description="first output chunk to send")
                  ) -> StreamingResponse:

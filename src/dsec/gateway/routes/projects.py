@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from fastapi import APIRouter, Query, Request
 
 from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound
-from dsec.api.projects import (AuditList, ProjectCreate, ProjectInfo, ProjectList,
+from dsec.api.projects import (ProjectAuditList, ProjectCreate, ProjectInfo, ProjectList,
                                ProjectUpdate, TokenCreate, TokenCreated, TokenList, TokenRevoke,
                                check_project_path, within)
 from dsec.gateway.auth import principal_of
@@ -133,10 +133,10 @@ async def revoke_token(request: Request, req: TokenRevoke) -> None:
         store.revoke_token(tok.id)
 
 
-@router.get("/audit", response_model=AuditList)
+@router.get("/audit", response_model=ProjectAuditList)
 async def audit(request: Request, path: str = PathQuery,
                 limit: int = Query(100, ge=1, le=10_000),
-                since: float = Query(0.0, ge=0)) -> AuditList:
+                since: float = Query(0.0, ge=0)) -> ProjectAuditList:
     """Newest first: management calls and refused requests of the project and below."""
-    return AuditList(entries=gateway_of(request).projects.audit.entries(
+    return ProjectAuditList(entries=gateway_of(request).projects.audit.entries(
         _scope(request, path), limit, since))

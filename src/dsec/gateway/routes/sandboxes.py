@@ -16,6 +16,7 @@ from dsec.cluster.http import load_to_wire
 from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
 from dsec.gateway.fastlane import hot
+from dsec.gateway.openapi import raw_answer
 from dsec.gateway.routes.common import (check_grading, client_for, gateway_of, model_response,
                                         reaches_protected)
 from dsec.gateway.spread import create_batch, healthy_clients, list_all, lost_node
@@ -121,7 +122,7 @@ async def pack_diff(request: Request, sb_id: str, req: PackDiffRequest) -> Image
 
 
 @router.get("/sandboxes/{sb_id}/screenshot", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}})
+            responses=raw_answer("image/png", "the display as PNG"))
 async def screenshot(request: Request, sb_id: str) -> Response:
     """The sandbox's display as PNG (``backend="vm"``; others answer Unsupported)."""
     return Response(await client_for(request, sb_id).screenshot(sb_id), media_type="image/png")
@@ -131,12 +132,6 @@ async def screenshot(request: Request, sb_id: str) -> Response:
 async def input_(request: Request, sb_id: str, req: InputRequest) -> None:
     """Type text, press keys or click (``backend="vm"``)."""
     await client_for(request, sb_id).input(sb_id, req)
-
-
-@router.get("/images", response_model=list[ImageSummary])
-async def images(request: Request) -> list[ImageSummary]:
-    clients, _ = healthy_clients(gateway_of(request))
-    return await clients[0].list_images() if clients else []
 
 
 @router.get("/nodes/load", include_in_schema=False)

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from dsec.api.errors import DSecError, InvalidArgument
 from dsec.api.models import ExecRequest, validated
 from dsec.api.process import PtySize
+from dsec.gateway.openapi import ndjson_answer
 from dsec.gateway.routes.common import (RECHECK_S, check_grading, client_for, next_while,
                                         revoked, validity)
 
@@ -20,7 +21,8 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1/sandboxes/{sb_id}")
 
 
-@router.post("/exec/stream", response_class=StreamingResponse)
+@router.post("/exec/stream", response_class=StreamingResponse,
+             responses=ndjson_answer("output chunks as they come, then one exit"))
 async def exec_stream(request: Request, sb_id: str, req: ExecRequest) -> StreamingResponse:
     """NDJSON lines of ExecEvent: output chunks as they come, then one ``exit``."""
     check_grading(request, req.grading)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from dsec.api.rl import AuditList, TrajectoryPage
+from dsec.api.rl import SandboxAuditList, TrajectoryPage
 from dsec.gateway.routes.common import client_for
 
 __all__ = ["router"]
@@ -19,6 +19,6 @@ async def trajectory(request: Request, sb_id: str,
     return await client_for(request, sb_id).trajectory(sb_id, offset, limit)
 
 
-@router.get("/audit", response_model=AuditList)
-async def audit(request: Request, sb_id: str) -> AuditList:
-    return AuditList(records=await client_for(request, sb_id).audit(sb_id))
+@router.get("/audit", response_model=SandboxAuditList)
+async def audit(request: Request, sb_id: str) -> SandboxAuditList:
+    return SandboxAuditList(records=await client_for(request, sb_id).audit(sb_id))

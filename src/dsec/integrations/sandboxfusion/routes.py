@@ -29,7 +29,9 @@ PREFIX = "/sandboxfusion"
 # the full toolchain image of `make images` first, then the base image of `make run`
 DEFAULT_IMAGES = ["sandboxfusion:1", "python:3.11"]
 
-router = APIRouter(prefix=PREFIX, tags=["sandboxfusion"])
+# SandboxFusion's protocol (its own bodies, 422 refusals), for its own client: like the E2B
+# routes, not part of dsec's OpenAPI document
+router = APIRouter(prefix=PREFIX, tags=["sandboxfusion"], include_in_schema=False)
 
 
 class PathToken:
