@@ -230,3 +230,27 @@ def test_a_bad_terminal_control_frame_is_invalid_naming_the_shape(text):
 def test_a_terminal_resize_frame_gives_rows_and_cols():
     from dsec.gateway.routes.streams import _resize
     assert _resize('{"resize": [30, 100]}') == (30, 100)
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"POST /v1/jobs/j/pause HTTP/1.1\r\nHost: a\r\ntransfer-encoding: \r\n"
+     b"content-length: 0\r\n\r\n", "Empty Transfer-Encoding"),
+    (b"GET /healthz HTTP/1.1\r\nHost: a\r\nno colon here\r\n\r\n", "header"),
+    (b"POST /v1/sandboxes HTTP/1.1\r\nHost: a\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+     "chunk size"),
+])
+def test_a_request_that_is_not_http_gets_the_error_body(server, http, raw, why):
+    """The HTTP parser's refusals (before the app runs) answer in dsec's error shape and
+    name what the parser refused; the server serves the next caller."""
+    import socket
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(raw)
+        got = b""
+        while chunk := s.recv(65536):  # the server closes after its answer
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), got
+    assert b"content-type: application/json" in head.lower(), head
+    err = json.loads(body)["error"]
+    assert err["code"] == "invalid_argument" and why in err["message"], err
+    assert http.get("/healthz").status_code == 200

@@ -10,14 +10,22 @@ the event loop's next turn (``call_soon``: no timer, no added wait), so a head a
 body written in one turn of the app leave as one send. A streamed response that awaits
 between chunks still sends each chunk in its own turn, and a large write is sent at once.
 
+It also answers a request that is not HTTP/1.1 as every other refusal is answered: a
+400 with dsec's error body naming what the parser refused (uvicorn's own is a plain-text
+"Invalid HTTP request received.", which names nothing and has no error code).
+
 Use: ``uvicorn.Config(app, http=CoalescingProtocol, ...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from dsec.api.errors import InvalidArgument
 
 __all__ = ["CoalescingProtocol", "CoalescingTransport"]
 
@@ -80,3 +88,20 @@ class CoalescingProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this inside its ``except httptools.HttpParserError``: the error it
+        # handles is the parser's reason (a bad header value, chunk size, method, ...)
+        exc = sys.exc_info()[1]
+        why = str(exc) if exc is not None and str(exc) else "the request could not be parsed"
+        body = json.dumps(InvalidArgument(
+            f"not a valid HTTP/1.1 request ({why}): check the request line, the headers "
+            "(names, values, Content-Length, Transfer-Encoding) and a chunked body's "
+            "framing").to_wire()).encode()
+        head = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-type: application/json\r\n",
+                 b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n"]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
