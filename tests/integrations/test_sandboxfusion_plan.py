@@ -109,3 +109,32 @@ async def test_json_nested_past_the_stack_answers_422_not_500():
     resp = await _parse(Deep())
     assert resp.status_code == 422
     assert b"nested too deeply" in resp.body
+
+
+class _Seen:
+    """A stand-in for the in-process gateway (the cache, not the gateway, is under test
+    here; tests/integrations/test_sandboxfusion.py runs the real one): each caller sees
+    its own images, and a probe answers which languages an image has."""
+
+    def __init__(self, images_of: dict[str, set[str]]) -> None:
+        self.images_of, self.probes = images_of, []
+
+    async def images(self, auth: str) -> set[str]:
+        return self.images_of[auth]
+
+    async def fncall(self, req, auth: str) -> FnCallResult:
+        if req.image not in self.images_of[auth]:
+            raise AssertionError(f"{auth} probed {req.image}, which it does not see")
+        self.probes.append((auth, req.image))
+        return FnCallResult(exit_code=0, stdout="python\n", stderr="")
+
+
+async def test_which_images_run_a_language_is_known_per_caller():
+    """A project's own snapshot named like a configured image is seen, and probed, by that
+    project only: another caller's answer comes from what it sees."""
+    from dsec.integrations.sandboxfusion.gateway import Availability
+    seen = _Seen({"Bearer a": {"sandboxfusion:1"}, "Bearer b": set()})
+    avail = Availability(seen, ["sandboxfusion:1"])
+    assert await avail.image_for("python", "Bearer a") == "sandboxfusion:1"
+    assert await avail.image_for("python", "Bearer b") is None
+    assert seen.probes == [("Bearer a", "sandboxfusion:1")]

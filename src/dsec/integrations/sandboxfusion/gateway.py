@@ -55,8 +55,10 @@ class Availability:
     def __init__(self, gateway: InProcessGateway, images: list[str]) -> None:
         self.gateway = gateway
         self.images = images
-        self._known: tuple[float, set[str]] | None = None
-        self._probed: dict[str, tuple[float, frozenset[str]]] = {}
+        # Both kept per caller: which images a token sees (and so what a name means) is
+        # its project's, and a snapshot one project owns is missing to another.
+        self._known: dict[str, tuple[float, set[str]]] = {}
+        self._probed: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}
         self._lock = asyncio.Lock()
 
     async def image_for(self, language: str, auth: str) -> str | None:
@@ -68,16 +70,17 @@ class Availability:
 
     async def _existing(self, auth: str) -> list[str]:
         now = time.monotonic()
-        if self._known is None or now - self._known[0] > IMAGES_TTL_S:
-            self._known = (now, await self.gateway.images(auth))
-        return [i for i in self.images if i in self._known[1]]
+        known = self._known.get(auth)
+        if known is None or now - known[0] > IMAGES_TTL_S:
+            known = _keep(self._known, auth, (now, await self.gateway.images(auth)))
+        return [i for i in self.images if i in known[1]]
 
     async def languages(self, image: str, auth: str) -> frozenset[str]:
-        hit = self._probed.get(image)
+        hit = self._probed.get((auth, image))
         if hit is not None and time.monotonic() - hit[0] < PROBE_TTL_S:
             return hit[1]
         async with self._lock:  # a burst of first calls probes once
-            hit = self._probed.get(image)
+            hit = self._probed.get((auth, image))
             if hit is not None and time.monotonic() - hit[0] < PROBE_TTL_S:
                 return hit[1]
             req = FnCallRequest(language="bash", code=probe_script(), image=image,
@@ -88,5 +91,15 @@ class Availability:
                 raise Internal(f"probing image {image!r} for its languages failed "
                                 f"(exit {out.exit_code}): {out.stderr[-500:]}")
             langs = parse_probe(out.stdout)
-            self._probed[image] = (time.monotonic(), langs)
+            _keep(self._probed, (auth, image), (time.monotonic(), langs))
             return langs
+
+
+CACHED = 1024  # callers (or caller and image pairs) remembered; past it, start over
+
+
+def _keep(cache: dict, key, value):
+    if len(cache) >= CACHED and key not in cache:
+        cache.clear()
+    cache[key] = value
+    return value
