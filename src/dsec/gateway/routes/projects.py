@@ -100,10 +100,12 @@ async def delete(request: Request, path: str = PathQuery) -> None:
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(request: Request, req: TokenCreate, path: str = PathQuery
                        ) -> TokenCreated:
-    """A token of the project; the secret is in this answer only."""
+    """A token of the project; the secret is in this answer only. It is no higher than
+    the caller's role and expires no later than the caller's token (a longer ``ttl_s`` is
+    400 naming the limit; none takes the caller's expiry)."""
     with _audited(request, path, f"role={req.role}"):
         made = gateway_of(request).projects.store.create_token(
-            _scope(request, path), req.role, req.ttl_s, req.name)
+            _scope(request, path), req.role, req.ttl_s, req.name, by=principal_of(request))
     return made
 
 
