@@ -82,3 +82,18 @@ async def test_a_revoked_minters_tokens_keep_working(client, short_admin, name):
         assert await u.list() == []
     listed = {t.id: t for t in await client.projects.tokens(f"{name}/a")}
     assert [t.created_by for t in listed.values()] == [minter.id]  # found, to revoke too
+
+
+def test_a_store_made_before_created_by_gets_the_column(tmp_path):
+    import sqlite3
+
+    from dsec.gateway.projects.db import SCHEMA, open_control_db
+    old = sqlite3.connect(tmp_path / "projects.db")
+    old.executescript(SCHEMA.replace(", created_by TEXT", ""))
+    old.execute("INSERT INTO tokens (id, hash, project_id, role, created_at) "
+                "VALUES ('tok-old', x'00', 'prj-root', 'user', 0)")
+    old.commit()
+    old.close()
+    conn = open_control_db(tmp_path / "projects.db")
+    assert conn.execute("SELECT id, created_by FROM tokens").fetchall() == [("tok-old", None)]
+    conn.close()
