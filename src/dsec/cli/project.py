@@ -101,7 +101,8 @@ def usage(path: Path, as_json: JsonOpt = False) -> None:
 @project_app.command("rm")
 @cli_errors
 def rm(path: Path, as_json: JsonOpt = False) -> None:
-    """Delete an empty project; its tokens stop working."""
+    """Delete an empty project (no sub-projects, sandboxes, job leases or snapshots); its
+    tokens stop working."""
     with dsec.Client() as c:
         c.projects.delete(path)
     if as_json:

@@ -128,6 +128,9 @@ class ProjectStore:
     def quota(self, path: str) -> Quota:
         return _quota(self._row(path))
 
+    def created_at(self, path: str) -> float:
+        return self._row(path)[2]
+
     def quotas(self, paths: list[str]) -> dict[str, Quota]:
         """The quota of each of ``paths`` that exists (callers do not change the dict)."""
         self._fresh()
@@ -197,22 +200,32 @@ class ProjectStore:
             self._bump()
         return self.info(path)
 
-    def delete(self, path: str) -> None:
-        """Remove an empty project (no sub-project, no sandbox); its tokens stop working."""
+    def check_empty(self, path: str) -> None:
+        """NotFound if there is no project ``path``, Conflict if it has sub-projects or
+        holds sandboxes (being created ones too): what :meth:`delete` refuses."""
         self.settle()
+        self._check_empty(path)
+
+    def _check_empty(self, path: str) -> None:
         if path == "":
             raise InvalidArgument("the root project cannot be deleted")
+        self._row(path)
+        kids = self._children(path)
+        if kids:
+            names = ", ".join(r[1] for r in kids[:5])
+            raise Conflict(f"project {path!r} has sub-projects ({names}); delete them first")
+        held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
+                                 (path,)).fetchone()[0]
+        if held:
+            what = f"{held} sandbox{'es' if held != 1 else ''}"
+            raise Conflict(f"project {path!r} holds {what}; stop them first")
+
+    def delete(self, path: str) -> None:
+        """Remove an empty project (see :meth:`check_empty`); its tokens stop working.
+        What the nodes keep by its path (job leases, snapshots) its caller checked."""
+        self.settle()
         with write(self.conn):
-            self._row(path)
-            kids = self._children(path)
-            if kids:
-                names = ", ".join(r[1] for r in kids[:5])
-                raise Conflict(f"project {path!r} has sub-projects ({names}); delete them first")
-            held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
-                                     (path,)).fetchone()[0]
-            if held:
-                what = f"{held} sandbox{'es' if held != 1 else ''}"
-                raise Conflict(f"project {path!r} holds {what}; stop them first")
+            self._check_empty(path)
             self.conn.execute("DELETE FROM projects WHERE path = ?", (path,))
             self.conn.execute("DELETE FROM usage WHERE path = ?", (path,))
             self._bump()
