@@ -3,9 +3,14 @@ and what a revoked token's calls already under way do. Against the real server."
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
+import struct
 import time
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 import dsec
@@ -97,3 +102,127 @@ def test_a_store_made_before_created_by_gets_the_column(tmp_path):
     conn = open_control_db(tmp_path / "projects.db")
     assert conn.execute("SELECT id, created_by FROM tokens").fetchall() == [("tok-old", None)]
     conn.close()
+
+
+# ---- calls under way when their token is revoked ----
+
+@pytest.fixture
+async def doomed(client, name):
+    """A user token of ``name`` (quota: 1 sandbox), a client with it, and its sandbox;
+    the test revokes the token. The root token stops what is left."""
+    await client.projects.create(name, quota=Quota(sandboxes=1))
+    made = await client.projects.create_token_info(name, ttl_s=600)
+    async with dsec.AsyncClient(client.url, made.token) as c:
+        sb = await c.create(memory_mb=64)
+        try:
+            yield made, c, sb
+        finally:
+            for info in await client.list():
+                if info.project == name:
+                    await (await client.get(info.id)).stop()
+
+
+async def _ends_unauthorized(client, made, call) -> None:
+    """``call`` (a coroutine) runs; once it is under way its token is revoked: it must end
+    with Unauthorized within seconds, not when its command does."""
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(1.0)
+    assert not task.done(), task
+    await client.projects.revoke_token(made.id)
+    with pytest.raises(dsec.Unauthorized, match="revoked"):
+        await asyncio.wait_for(task, 15)
+
+
+async def _sleeps(client, sb) -> str:
+    return (await (await client.get(sb.id)).exec("ps -o pid,args | grep 'sleep 60[0-9]'"
+                                                 " | grep -v grep")).stdout
+
+
+async def test_a_revoked_tokens_exec_ends_and_its_command_with_it(client, doomed):
+    made, _, sb = doomed
+    await _ends_unauthorized(client, made, sb.exec("sleep 600", timeout=700))
+    assert await _sleeps(client, sb) == ""
+
+
+async def test_a_revoked_tokens_shell_run_ends_and_its_command_with_it(client, doomed):
+    made, _, sb = doomed
+    sh = await sb.shell()
+    await _ends_unauthorized(client, made, sh.run("sleep 601", timeout=700))
+    assert await _sleeps(client, sb) == ""
+    # the rest of its output would be the next command's: the session ended with it
+    with pytest.raises(dsec.SandboxStopped, match="cancelled.*open a new shell"):
+        await client._request("POST", f"/v1/sandboxes/{sb.id}/shells/{sh.id}/run",
+                              json={"cmd": "true"})
+
+
+async def test_a_revoked_tokens_process_wait_ends_and_the_process_goes_on(client, doomed):
+    made, _, sb = doomed
+    proc = await sb.spawn("sleep 602")
+    await _ends_unauthorized(client, made, proc.wait(timeout=700))
+    assert "sleep 602" in await _sleeps(client, sb)  # the sandbox's, not the token's
+
+
+async def test_a_revoked_tokens_create_waiting_in_line_makes_nothing(client, doomed, name):
+    made, c, sb = doomed
+    waiting = asyncio.ensure_future(c.create(memory_mb=64, wait_s=30))
+    await asyncio.sleep(1.0)
+    assert not waiting.done()
+    await client.projects.revoke_token(made.id)
+    await (await client.get(sb.id)).stop()  # room comes free: the waiter is admitted
+    with pytest.raises(dsec.Unauthorized, match="revoked"):
+        await asyncio.wait_for(waiting, 15)
+    assert [i for i in await client.list() if i.project == name] == []
+
+
+async def test_a_revoked_tokens_batch_waiting_in_line_makes_nothing(client, doomed, name):
+    made, c, sb = doomed
+    waiting = asyncio.ensure_future(c.create_many(2, memory_mb=64, wait_s=30))
+    await asyncio.sleep(1.0)
+    assert not waiting.done()
+    await client.projects.revoke_token(made.id)
+    await (await client.get(sb.id)).stop()
+    with pytest.raises(dsec.Unauthorized, match="revoked"):
+        await asyncio.wait_for(waiting, 15)
+    assert [i for i in await client.list() if i.project == name] == []
+
+
+async def _frames(chunks) -> AsyncIterator[tuple[int, bytes]]:
+    """Connect's enveloped messages: (flags, data)."""
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        while len(buf) >= 5:
+            flags, size = struct.unpack(">BI", buf[:5])
+            if len(buf) < 5 + size:
+                break
+            yield flags, buf[5:5 + size]
+            buf = buf[5 + size:]
+
+
+async def test_a_revoked_keys_e2b_command_stream_ends_unauthenticated(client, name):
+    await client.projects.create(name)
+    made = await client.projects.create_token_info(name, ttl_s=600)
+    async with httpx.AsyncClient(base_url=client.url, timeout=60) as h:
+        r = await h.post("/e2b/sandboxes", json={"templateID": "busybox"},
+                         headers={"x-api-key": made.token})
+        assert r.status_code == 201, r.text
+        sb, access = r.json()["sandboxID"], r.json()["envdAccessToken"]
+        start = {"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 604"]}}
+        body = struct.pack(">BI", 0, len(json.dumps(start))) + json.dumps(start).encode()
+        try:
+            async with h.stream("POST", "/e2b/envd/process.Process/Start", content=body,
+                                headers={"e2b-sandbox-id": sb, "x-access-token": access,
+                                         "content-type": "application/connect+json"}) as resp:
+                frames = _frames(resp.aiter_bytes())
+                assert b'"start"' in (await frames.__anext__())[1]
+                await client.projects.revoke_token(made.id)
+
+                async def last() -> tuple[int, bytes]:
+                    async for frame in frames:
+                        if frame[0] & 0x02:
+                            return frame
+                    raise AssertionError("the stream ended without an end frame")
+                flags, data = await asyncio.wait_for(last(), 15)
+            assert json.loads(data)["error"]["code"] == "unauthenticated", data
+        finally:
+            await (await client.get(sb)).stop()
