@@ -9,6 +9,7 @@ about whether it exists. Every call that changes something is audited, refused o
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
 
 from fastapi import APIRouter, Query, Request
@@ -110,8 +111,8 @@ async def _nothing_on_nodes(gw, path: str) -> None:
     project below it); NodeLost if a node that may keep some does not answer."""
     mark = caller_scope.set(path)  # what a token of the project sees
     try:
-        jobs, down = await fan_out(gw, "jobs")
-        images, down_too = await fan_out(gw, "list_images")
+        (jobs, down), (images, down_too) = await asyncio.gather(
+            fan_out(gw, "jobs"), fan_out(gw, "list_images"))
     finally:
         caller_scope.reset(mark)
     unreachable = sorted({*down, *down_too})
@@ -121,18 +122,18 @@ async def _nothing_on_nodes(gw, path: str) -> None:
                        "again when they are back")
     leases = sorted({j.job for part in jobs for j in part if j.lease_expires_at is not None})
     tags = sorted({i.name for part in images for i in part if i.project is not None})
-    held = [f"the job lease of {job!r}" for job in leases[:5]] + \
-        [f"the snapshot {tag!r}" for tag in tags[:5]]
-    if held:
-        more = len(leases) + len(tags) - len(held)
-        raise Conflict(f"project {path!r} holds {', '.join(held)}"
-                       + (f" and {more} more" if more else "") + "; "
-                       + "; ".join(filter(None, (
-                           "stop those jobs first (client.jobs.stop(job) with a token of "
-                           "the project; one above it stops the job in every project "
-                           "below it)" if leases else "",
-                           "remove its snapshots first (client.remove_image(tag) with an "
-                           "admin token of it or one above it)" if tags else ""))))
+    held = [f"the job lease of {j!r}" for j in leases] + [f"the snapshot {t!r}" for t in tags]
+    if not held:
+        return
+    todo = []
+    if leases:
+        todo.append("stop those jobs (client.jobs.stop(job) with a token of the project; "
+                    "one above it stops the job in every project below it)")
+    if tags:
+        todo.append("remove those snapshots (client.remove_image(tag) with an admin token "
+                    "of the project or one above it)")
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    raise Conflict(f"project {path!r} holds {shown}; {' and '.join(todo)} first")
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
