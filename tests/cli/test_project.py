@@ -73,6 +73,8 @@ def test_project_commands(cli, env, sync_client):
     r = cli("project", "token", f"{name}/a", "--role", "viewer")
     assert r.returncode == 0 and "not shown again" in r.stderr
     secret = r.stdout.strip()
+    minted = cli("project", "tokens", f"{name}/a").stdout
+    assert "MINTED BY" in minted and "root" in minted
     listed = cli("project", "ls")
     assert f"{name}/a" in listed.stdout and "0/4" in listed.stdout
     viewer = run_cli({**env, "DSEC_TOKEN": secret}, "create")

@@ -100,8 +100,10 @@ async def test_roles(client, name, server):
             await u.projects.create(f"{name}/sub")
         with pytest.raises(dsec.Forbidden, match="needs admin"):
             await u.projects.create_token(name)
-        with pytest.raises(dsec.Forbidden, match="root-admin"):
+        with pytest.raises(dsec.Forbidden, match="needs admin"):
             await u.remove_image("busybox")
+        with pytest.raises(dsec.Forbidden, match="root-admin"):  # images are shared
+            await u._request("PUT", "/v1/manifests/busybox:latest", content=b"{}")
         sb = await u.create(memory_mb=64)
         try:
             assert sb.info.project == name

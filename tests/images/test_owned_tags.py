@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from dsec.api.errors import Conflict, InvalidArgument, NotFound
+from dsec.api.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from dsec.api.scope import caller_scope
 
 
@@ -68,3 +68,25 @@ def test_a_project_writes_no_tag_but_its_own_and_no_registry_name(svc, layers):
             svc.manifest_digest("ws/a:v1")
     assert svc.store.tag_record("ws/shared:v1")[1] is None
     assert svc.claim("ws/shared:v1") is None  # the root's token writes shared tags
+
+
+def test_a_project_removes_its_own_snapshots_only(svc, layers):
+    with calling_as("team/a"):
+        svc.commit("ws/a:v1", layers, project="team/a")
+        svc.commit("ws/a:v2", layers, project="team/a")
+        assert {i.name: i.project for i in svc.list_images()}["ws/a:v1"] == "team/a"
+    with calling_as("team/b"):
+        with pytest.raises(NotFound) as hidden:
+            svc.remove("ws/a:v1")
+        with pytest.raises(NotFound) as missing:
+            svc.remove("ws/none:v1")
+        assert hidden.value.message.replace("ws/a:v1", "X") == \
+            missing.value.message.replace("ws/none:v1", "X")
+        with pytest.raises(Forbidden, match="shared by every project"):
+            svc.remove("busybox")
+    with calling_as("team/a"):
+        svc.remove("ws/a:v1")
+    with calling_as("team"):  # a project above it may too
+        svc.remove("ws/a:v2")
+    assert {"ws/a:v1", "ws/a:v2"}.isdisjoint(i.name for i in svc.list_images())
+    assert svc.manifest_digest("busybox")  # untouched

@@ -426,6 +426,9 @@ class ImageSummary(BaseModel):
     layers: int
     size: int
     created: float | None = None
+    project: str | None = Field(None, description="the project whose snapshot it is (made "
+                                                  "by pack_diff with its token); None: shared "
+                                                  "by every project")
 
 
 class NodeInfo(BaseModel):

@@ -141,9 +141,12 @@ class ProjectList(BaseModel):
 
 
 class TokenCreate(RequestModel):
-    role: Role = "user"
+    role: Role = Field("user", description="at most the minting token's own role")
     ttl_s: float | None = Field(86400.0, gt=0, le=10 * 365 * 86400,
-                                description="seconds until it expires; None for never")
+                                description="seconds until it expires, at most until the "
+                                            "minting token expires (400 otherwise); None: "
+                                            "never, or when the minting token expires if "
+                                            "it does")
     name: str = Field("", max_length=128, description="a note saying whose it is")
 
 
@@ -155,6 +158,9 @@ class TokenInfo(BaseModel):
     created_at: float
     expires_at: float | None = None
     revoked_at: float | None = None
+    created_by: str | None = Field(None, description="the id of the token that minted it "
+                                                     "('root': the server's token; None: "
+                                                     "minted before this was kept)")
 
 
 class TokenCreated(TokenInfo):

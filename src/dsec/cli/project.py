@@ -101,7 +101,8 @@ def usage(path: Path, as_json: JsonOpt = False) -> None:
 @project_app.command("rm")
 @cli_errors
 def rm(path: Path, as_json: JsonOpt = False) -> None:
-    """Delete an empty project; its tokens stop working."""
+    """Delete an empty project (no sub-projects, sandboxes, job leases or snapshots); its
+    tokens stop working."""
     with dsec.Client() as c:
         c.projects.delete(path)
     if as_json:
@@ -112,7 +113,9 @@ def rm(path: Path, as_json: JsonOpt = False) -> None:
 @cli_errors
 def token(path: Path,
           role: Annotated[str, typer.Option(help="admin, grader, user or viewer")] = "user",
-          ttl: Annotated[float, typer.Option(help="seconds until it expires; 0: never")] = 86400,
+          ttl: Annotated[float, typer.Option(
+              help="seconds until it expires, at most until this CLI's token does; 0: "
+                   "never, or when this CLI's token expires if it does")] = 86400,
           name: Annotated[str, typer.Option(help="a note saying whose it is")] = "",
           as_json: JsonOpt = False) -> None:
     """Create a token of the project and print its secret (shown this once)."""
@@ -134,12 +137,13 @@ def tokens(path: Path, as_json: JsonOpt = False) -> None:
     if as_json:
         return print_json(infos)
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "ROLE", "NAME", "EXPIRES", "REVOKED"):
+    for col in ("ID", "ROLE", "NAME", "EXPIRES", "REVOKED", "MINTED BY"):
         table.add_column(col)
     for t in infos:
         expires = "-" if t.expires_at is None else time.strftime(
             "%Y-%m-%d %H:%M", time.gmtime(t.expires_at))
-        table.add_row(t.id, t.role, t.name or "-", expires, "yes" if t.revoked_at else "-")
+        table.add_row(t.id, t.role, t.name or "-", expires, "yes" if t.revoked_at else "-",
+                      t.created_by or "-")
     out.print(table)
 
 

@@ -8,7 +8,7 @@ projects) creates directly.
 
 from __future__ import annotations
 
-from dsec.api.errors import Capacity, Forbidden
+from dsec.api.errors import Capacity, DSecError, Forbidden, Unauthorized
 from dsec.api.models import CreateManyRequest, SandboxInfo, SandboxSpec
 from dsec.api.projects import within
 from dsec.gateway.projects.quota import Ask
@@ -39,6 +39,7 @@ async def create_one(gw, who, spec: SandboxSpec) -> SandboxInfo:
     ledger = gw.projects.ledger
 
     async def attempt(res) -> SandboxInfo:
+        still_valid(gw, who)  # it may have waited in line
         info = await place(gw, spec)
         ledger.confirm([(res.keys[0], info.id, info.node)])
         return info
@@ -62,6 +63,7 @@ async def create_many(gw, who, req: CreateManyRequest) -> tuple[list[SandboxInfo
         n = len(res.keys)
         part = req.model_copy(update={"spec": spec, "count": n, "first_index": first})
         try:
+            still_valid(gw, who)  # it may have waited in line
             got, errs = await create_batch(gw, part)
         except BaseException:
             admission.give_back(res.keys)
@@ -72,12 +74,25 @@ async def create_many(gw, who, req: CreateManyRequest) -> tuple[list[SandboxInfo
         errors.extend(errs)
         first += n
 
-    exc = await admission.in_runs(spec.project, Ask(req.count, spec.cpu, spec.memory_mb),
-                                  spec.wait_s, run)
+    try:
+        exc: DSecError | None = await admission.in_runs(
+            spec.project, Ask(req.count, spec.cpu, spec.memory_mb), spec.wait_s, run)
+    except Unauthorized as revoked:
+        if not made:
+            raise
+        exc = revoked  # the runs made before stand; the rest are refused
     if exc is not None:
         end = req.first_index + req.count
         errors.extend(f"item {i}: {exc.code}: {exc.message}" for i in range(first, end))
     return made, errors
+
+
+def still_valid(gw, who) -> None:
+    """Unauthorized if ``who``'s token stopped working since the request came (revoked,
+    expired, its project deleted): a create that waited in line makes nothing then."""
+    if not gw.projects.still_valid(who):
+        raise Unauthorized("the token of this create was revoked, expired or lost its "
+                           "project while it waited for room; nothing was created")
 
 
 async def stop(gw, client, sb_id: str) -> None:

@@ -140,7 +140,7 @@ def _statuses(path: str, method: str, has_body: bool) -> list[int]:
         out += [409, 410]
     if path == "/v1/projects" and method in ("post", "delete"):
         out += [409]
-    if not projects:  # reaches a node
+    if not projects or (path, method) == ("/v1/projects", "delete"):  # reaches a node
         out += [503]
     if has_body:
         out += [413]

@@ -68,6 +68,8 @@ class ImageInfo(_Model):
     layers: int = Field(description="Number of layers.")
     size: int = Field(description="Total size of the layer blobs in bytes.")
     created: dt.datetime = Field(description="When the manifest was written (UTC).")
+    project: str | None = Field(None, description="The project whose snapshot it is; None: "
+                                                  "shared by every project.")
 
 
 class LayerInfo(_Model):

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dsec.api.errors import Conflict, InvalidArgument, NotFound
+from dsec.api.errors import Conflict, Forbidden, InvalidArgument, NotFound
 from dsec.api.projects import within
 from dsec.api.scope import caller_scope, visible
 from dsec.images import authoring, erofs, importer
@@ -249,7 +249,8 @@ class ImageService:
             except NotFound:
                 continue
             out.append(ImageInfo(name=name, manifest_digest=digest, layers=len(m.layers),
-                                 size=sum(lr.size for lr in m.layers), created=m.created))
+                                 size=sum(lr.size for lr in m.layers), created=m.created,
+                                 project=project))
         return out
 
     def unmount_all(self) -> None:
@@ -422,11 +423,20 @@ class ImageService:
     def remove(self, ref: str, in_use: set[str] | None = None) -> GcPlan:
         """Untag ``ref`` and delete what only it kept: its manifest, unless another tag
         names it, and its layers that no other manifest lists. ``in_use``: layer or
-        manifest digests live sandboxes hold (kept). NotFound if the tag does not exist."""
+        manifest digests live sandboxes hold (kept). NotFound if the tag does not exist,
+        or is a snapshot of a project the caller does not see; a caller scoped to a
+        project removes only snapshots of its projects, never a shared image (Forbidden)."""
         ref = normalize_ref(ref)
         with self.lock.hold():
-            digest = self.store.get_tag(ref)
-            if digest is None or not self.store.delete_tag(ref):
+            record = self.store.tag_record(ref)
+            if record is None or not _seen(record[1]):
+                raise NotFound(f"tag {ref!r} not found")
+            if record[1] is None and caller_scope.get() is not None:
+                raise Forbidden(f"image {ref!r} is shared by every project: only an admin of "
+                                "the root project removes it; a project's admin removes its "
+                                "projects' snapshots")
+            digest = record[0]
+            if not self.store.delete_tag(ref):
                 raise NotFound(f"tag {ref!r} not found")
             plan = plan_remove(digest, self.store.tags(), self._manifest_layers(),
                                set(in_use or ()))

@@ -684,7 +684,8 @@ class NodeService:
     async def list_images(self) -> list[ImageSummary]:
         infos = await asyncio.to_thread(self._images().list_images)
         return [ImageSummary(name=i.name, digest=i.manifest_digest, layers=i.layers,
-                             size=i.size, created=i.created.timestamp()) for i in infos]
+                             size=i.size, created=i.created.timestamp(), project=i.project)
+                for i in infos]
 
     async def remove_image(self, name: str) -> None:
         """Untag ``name`` and delete its manifest and layers unless something else (another
@@ -700,7 +701,8 @@ class NodeService:
         info = await backend.pack_diff(rec, req.tag, ["/.dsec", *req.exclude])
         layers = len(rec.runtime.get("layer_digests") or []) + 1
         return ImageSummary(name=info.tag or req.tag, digest=info.manifest_digest or "",
-                            layers=layers, size=info.size, created=time.time())
+                            layers=layers, size=info.size, created=time.time(),
+                            project=caller_scope.get())  # whose it is: images.claim
 
     # ---- display and input (vm) ----
     async def screenshot(self, sb_id: str) -> bytes:

@@ -38,7 +38,16 @@ class ShellSession:
         if self.lock.locked():
             raise Conflict(f"shell {self.id} is already running a command")
         async with self.lock:
-            return await self._run(req)
+            try:
+                return await self._run(req)
+            except asyncio.CancelledError:
+                # Its caller went (its token revoked, the server stopping) mid-command: the
+                # rest of the command's output would be read as the next command's, so the
+                # command ends, and the session with it.
+                self.ended = "ended: a command of it was cancelled before it finished"
+                self.proc.signal_children(signal.SIGKILL)
+                self.close()
+                raise
 
     async def _run(self, req: ShellRunRequest) -> ExecResult:
         token = secrets.token_hex(8)

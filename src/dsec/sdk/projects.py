@@ -55,7 +55,8 @@ class AsyncProjects:
         return parse(ProjectInfo, resp)
 
     async def delete(self, project: str) -> None:
-        """Delete an empty project (no sub-projects, no sandboxes); its tokens stop."""
+        """Delete an empty project (no sub-projects, sandboxes, job leases or snapshots:
+        Conflict naming what it still holds); its tokens stop."""
         await self._client._request("DELETE", "/v1/projects", params={"path": project})
 
     async def create_token(self, project: str, role: Role = "user",

@@ -170,7 +170,8 @@ class Projects:
     def set_quota(self, project: str, quota: Quota) -> ProjectInfo:
         ...
     def delete(self, project: str) -> None:
-        """Delete an empty project (no sub-projects, no sandboxes); its tokens stop."""
+        """Delete an empty project (no sub-projects, sandboxes, job leases or snapshots:
+        Conflict naming what it still holds); its tokens stop."""
     def create_token(self, project: str, role: Role = 'user', ttl_s: float | None = 86400.0, name: str = '') -> str:
         """A new token of the project; the secret is returned this once."""
     def create_token_info(self, project: str, role: Role = 'user', ttl_s: float | None = 86400.0, name: str = '') -> TokenCreated:

@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS projects (
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY, hash BLOB UNIQUE NOT NULL, project_id TEXT NOT NULL,
     role TEXT NOT NULL, name TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL,
-    expires_at REAL, revoked_at REAL);
+    expires_at REAL, revoked_at REAL, created_by TEXT);
 CREATE INDEX IF NOT EXISTS tokens_project ON tokens(project_id);
 -- usage rolled up: a project's row counts it and everything below it
 CREATE TABLE IF NOT EXISTS usage (
@@ -71,7 +71,24 @@ def open_control_db(path: Path | str) -> sqlite3.Connection:
     if str(path) != ":memory:":
         tune(conn)
     conn.executescript(SCHEMA)
+    _add_columns(conn)
     return conn
+
+
+# columns added since the first schema: (table, column, type); a store made before them
+# gets them here (NULL in the rows it had)
+_ADDED = (("tokens", "created_by", "TEXT"),)
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    for table, column, kind in _ADDED:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:  # another gateway added it just now
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 @contextmanager

@@ -7,7 +7,8 @@ holding a user token cannot read its own hidden tests; ``admin`` also manages su
 their quotas and tokens, and reads the audit log (it may mint a grader token, so it may
 grade too).
 Changing the node's images (push, remove) is for an admin of the root project: images are
-shared by every project.
+shared by every project. A project's snapshot (``pack_diff`` with its token) is its own:
+an admin of that project or one above it removes it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def needed(method: str, path: str) -> Role | str:
         return "admin"
     if method in _READ:
         return "viewer"
+    if method == "DELETE" and path.startswith("/v1/images/"):
+        return "admin"  # its projects' snapshots only: the node refuses a shared image
     if path.startswith(("/v1/images", "/v1/blobs", "/v1/manifests")):
         return ROOT_ONLY
     return "user"

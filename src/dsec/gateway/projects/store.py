@@ -16,14 +16,15 @@ against the clock on every use.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsec.api.errors import Conflict, InvalidArgument, NotFound, Unauthorized
-from dsec.api.projects import (ProjectInfo, Quota, Role, TokenCreated, TokenInfo, Usage,
+from dsec.api.errors import Conflict, Forbidden, InvalidArgument, NotFound, Unauthorized
+from dsec.api.projects import (ROLES, ProjectInfo, Quota, Role, TokenCreated, TokenInfo, Usage,
                                ancestors, within)
 from dsec.gateway.projects.db import write
 from dsec.gateway.projects.quota import FIELDS, given, grant_problem
@@ -42,6 +43,7 @@ class Principal:
     project: str
     role: Role
     token_hash: bytes | None = None  # None for the root token, which cannot be revoked
+    expires_at: float | None = None  # None: never (the root token, a token made so)
 
 
 def token_hash(secret: str) -> bytes:
@@ -54,6 +56,29 @@ def _quota(row) -> Quota:
 
 def _parent(path: str) -> str:
     return path.rpartition("/")[0]
+
+
+def _token_info(r) -> TokenInfo:
+    return TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
+                     expires_at=r[5], revoked_at=r[6], created_by=r[7])
+
+
+def _minted_expiry(now: float, ttl_s: float | None, by: Principal | None) -> float | None:
+    """When a token asked for ``ttl_s`` (None: never) by ``by`` expires: never later than
+    ``by`` does. A longer ``ttl_s`` is refused naming the limit; None takes ``by``'s
+    expiry. Pure."""
+    asked = None if ttl_s is None else now + ttl_s
+    if by is None or by.expires_at is None:
+        return asked
+    if asked is None:
+        return by.expires_at
+    if asked > by.expires_at:
+        raise InvalidArgument(
+            f"ttl_s can be at most {max(0, math.floor(by.expires_at - now))} s: the token "
+            f"minting it ({by.who}) expires then, and a token never outlives the one that "
+            f"made it; got {ttl_s:g}. Ask for less, or for none (ttl_s=None) to take that "
+            "expiry")
+    return asked
 
 
 _CACHED = 10_000  # principals (and quota chains) kept at most; past it, start again
@@ -102,6 +127,9 @@ class ProjectStore:
 
     def quota(self, path: str) -> Quota:
         return _quota(self._row(path))
+
+    def created_at(self, path: str) -> float:
+        return self._row(path)[2]
 
     def quotas(self, paths: list[str]) -> dict[str, Quota]:
         """The quota of each of ``paths`` that exists (callers do not change the dict)."""
@@ -172,22 +200,32 @@ class ProjectStore:
             self._bump()
         return self.info(path)
 
-    def delete(self, path: str) -> None:
-        """Remove an empty project (no sub-project, no sandbox); its tokens stop working."""
+    def check_empty(self, path: str) -> None:
+        """NotFound if there is no project ``path``, Conflict if it has sub-projects or
+        holds sandboxes (being created ones too): what :meth:`delete` refuses."""
         self.settle()
+        self._check_empty(path)
+
+    def _check_empty(self, path: str) -> None:
         if path == "":
             raise InvalidArgument("the root project cannot be deleted")
+        self._row(path)
+        kids = self._children(path)
+        if kids:
+            names = ", ".join(r[1] for r in kids[:5])
+            raise Conflict(f"project {path!r} has sub-projects ({names}); delete them first")
+        held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
+                                 (path,)).fetchone()[0]
+        if held:
+            what = f"{held} sandbox{'es' if held != 1 else ''}"
+            raise Conflict(f"project {path!r} holds {what}; stop them first")
+
+    def delete(self, path: str) -> None:
+        """Remove an empty project (see :meth:`check_empty`); its tokens stop working.
+        What the nodes keep by its path (job leases, snapshots) its caller checked."""
+        self.settle()
         with write(self.conn):
-            self._row(path)
-            kids = self._children(path)
-            if kids:
-                names = ", ".join(r[1] for r in kids[:5])
-                raise Conflict(f"project {path!r} has sub-projects ({names}); delete them first")
-            held = self.conn.execute("SELECT count(*) FROM held WHERE path = ?",
-                                     (path,)).fetchone()[0]
-            if held:
-                what = f"{held} sandbox{'es' if held != 1 else ''}"
-                raise Conflict(f"project {path!r} holds {what}; stop them first")
+            self._check_empty(path)
             self.conn.execute("DELETE FROM projects WHERE path = ?", (path,))
             self.conn.execute("DELETE FROM usage WHERE path = ?", (path,))
             self._bump()
@@ -211,32 +249,38 @@ class ProjectStore:
         return [self.info(p) for p in paths if within(p, scope)]
 
     # ---- tokens ----
-    def create_token(self, path: str, role: Role, ttl_s: float | None,
-                     name: str = "") -> TokenCreated:
+    def create_token(self, path: str, role: Role, ttl_s: float | None, name: str = "",
+                     by: Principal | None = None) -> TokenCreated:
+        """A token of ``path``; made ``by`` a token, it is no higher than that one's role
+        and expires no later than it does (see :func:`_minted_expiry`)."""
         pid = self._row(path)[0]
-        secret = "dsec_" + secrets.token_urlsafe(32)
         now = time.time()
+        if by is not None and ROLES.index(role) > ROLES.index(by.role):
+            raise Forbidden(f"a {by.role} token may not mint an {role} token: a token mints "
+                            f"roles up to its own")
+        expires_at = _minted_expiry(now, ttl_s, by)
+        secret = "dsec_" + secrets.token_urlsafe(32)
         info = TokenCreated(id=f"tok-{secrets.token_hex(6)}", project=path, role=role,
-                            name=name, created_at=now,
-                            expires_at=now + ttl_s if ttl_s else None, token=secret)
+                            name=name, created_at=now, expires_at=expires_at,
+                            created_by=by.who if by is not None else None, token=secret)
         with write(self.conn):
             self.conn.execute("INSERT INTO tokens (id, hash, project_id, role, name, "
-                              "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              "created_at, expires_at, created_by) "
+                              "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                               (info.id, token_hash(secret), pid, role, name, now,
-                               info.expires_at))
+                               info.expires_at, info.created_by))
         return info
 
     def _token_rows(self, where: str, args: tuple) -> list:
         return self.conn.execute(
-            "SELECT t.id, p.path, t.role, t.name, t.created_at, t.expires_at, t.revoked_at "
-            f"FROM tokens t LEFT JOIN projects p ON p.id = t.project_id WHERE {where}",
+            "SELECT t.id, p.path, t.role, t.name, t.created_at, t.expires_at, t.revoked_at, "
+            "t.created_by FROM tokens t LEFT JOIN projects p ON p.id = t.project_id "
+            f"WHERE {where}",
             args).fetchall()
 
     def tokens(self, path: str) -> list[TokenInfo]:
         pid = self._row(path)[0]
-        return [TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
-                          expires_at=r[5], revoked_at=r[6])
-                for r in self._token_rows("t.project_id = ?", (pid,))]
+        return [_token_info(r) for r in self._token_rows("t.project_id = ?", (pid,))]
 
     def token(self, token: str) -> TokenInfo:
         """A token by its id, or by its secret (never echoed back)."""
@@ -246,9 +290,7 @@ class ProjectStore:
             rows, name = self._token_rows("t.hash = ?", (token_hash(token),)), "with that secret"
         if not rows or rows[0][1] is None:
             raise NotFound(f"token {name} not found")
-        r = rows[0]
-        return TokenInfo(id=r[0], project=r[1], role=r[2], name=r[3], created_at=r[4],
-                         expires_at=r[5], revoked_at=r[6])
+        return _token_info(rows[0])
 
     def live(self, token_id: str) -> bool:
         """Whether token ``token_id`` works now: not revoked or expired, its project there
@@ -299,7 +341,8 @@ class ProjectStore:
             raise Unauthorized(f"token {tid} expired; ask an admin of its project for a new one")
         if path is None:
             raise Unauthorized(f"token {tid} belongs to a project that was deleted")
-        return Principal(who=tid, project=path, role=role, token_hash=digest), expires_at
+        return Principal(who=tid, project=path, role=role, token_hash=digest,
+                         expires_at=expires_at), expires_at
 
     def chain(self, path: str) -> list[str]:
         return ancestors(path)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from dsec.api.errors import Forbidden, NodeLost, Unauthorized, shorten
+from dsec.api.errors import Forbidden, NodeLost, Unauthorized, Unavailable, shorten
 from dsec.cluster.base import Cluster
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway.placer import Placer
@@ -21,9 +22,11 @@ from dsec.gateway.projects.roles import GRADER, may_grade
 from dsec.gateway.watcher import Watcher
 
 __all__ = ["Gateway", "gateway_of", "client_for", "model_response", "check_grading",
-           "reaches_protected", "validity", "next_while", "revoked", "RECHECK_S"]
+           "reaches_protected", "validity", "recheck", "next_while", "while_valid",
+           "revoked", "RECHECK_S"]
 
-RECHECK_S = 1.0  # how often a long stream asks whether its token still works
+RECHECK_S = 1.0  # how often a long call or stream asks whether its token still works
+T = TypeVar("T")
 
 
 @dataclass
@@ -88,25 +91,111 @@ def reaches_protected(request: Request, asked: bool = False) -> bool:
 
 
 def validity(request: Request) -> Callable[[], bool] | None:
-    """How a long stream (an exec stream, a process follow, a terminal) asks whether its
-    caller's token still works (None: always, for the root token or a node's own API)."""
+    """How a long call or stream (an exec, an exec stream, a process follow, a terminal)
+    asks whether its caller's token still works (None: always, for the root token or a node's own API)."""
     projects, who = gateway_of(request).projects, principal_of(request)
     if projects is None or who is None or who.token_hash is None:
         return None
-    asked_at, ok = 0.0, True  # asked at most once per RECHECK_S, however fast events come
+    return recheck(lambda: projects.still_valid(who))
+
+
+def recheck(ask: Callable[[], bool]) -> Callable[[], bool]:
+    """``ask``, asked at most once per RECHECK_S however fast events come; its last
+    answer in between."""
+    asked_at, ok = 0.0, True
 
     def valid() -> bool:
         nonlocal asked_at, ok
         now = time.monotonic()
         if now - asked_at >= RECHECK_S:
-            asked_at, ok = now, projects.still_valid(who)
+            asked_at, ok = now, ask()
         return ok
     return valid
 
 
+async def _while_connected(request: Request, call: Awaitable[T]) -> T:
+    """``call``'s answer, cancelled if the client leaves first: at a node's own API, a
+    gateway that gave up on a call (its caller's token was revoked) closes the connection,
+    and the command ends here too instead of running to its timeout."""
+    me = asyncio.current_task()
+    assert me is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        try:  # the body was read: what comes next is the client leaving
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # the server's receive failed: nothing to watch
+            return
+        gone = True
+        me.cancel()
+
+    # cancelled (below) before this task runs again: a disconnect it already read is
+    # dropped then, so its cancellation can only land inside ``call``
+    watcher = asyncio.ensure_future(watch())
+    try:
+        got = await call
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        me.uncancel()
+        raise Unavailable("the client left before the call ended; it was ended") from None
+    finally:
+        watcher.cancel()
+    if gone:  # the call swallowed its cancellation; no one hears the answer anyway
+        me.uncancel()
+    return got
+
+
 def revoked() -> Unauthorized:
-    return Unauthorized("the token of this stream was revoked, expired or lost its project; "
-                        "the command was ended")
+    return Unauthorized("the token of this call was revoked, expired or lost its project "
+                        "while it ran; the call was ended")
+
+
+async def while_valid(request: Request, call: Awaitable[T]) -> T:
+    """``call``'s answer, or Unauthorized once the caller's token stops working while it
+    runs (asked every ``RECHECK_S``): the call is cancelled, which ends an exec's or a
+    shell's command (on a remote node too: its own API ends the call when the gateway
+    drops the request). For the calls that wait on a command (exec, shell run, process
+    wait); a stream asks with :func:`next_while`.
+
+    One timer per call, no task: the timer runs only while this request's task waits in
+    ``call`` (it is cancelled as soon as ``call`` returns), so its cancellation always
+    lands inside ``call``."""
+    valid = validity(request)
+    if valid is None:
+        if gateway_of(request).projects is None:  # a node's own API
+            return await _while_connected(request, call)
+        return await call
+    loop, me = asyncio.get_running_loop(), asyncio.current_task()
+    assert me is not None
+    ended = False
+    timer: asyncio.TimerHandle | None = None
+
+    def check() -> None:
+        nonlocal timer, ended
+        if valid():
+            timer = loop.call_later(RECHECK_S, check)
+        else:
+            ended = True
+            me.cancel()
+
+    timer = loop.call_later(RECHECK_S, check)
+    try:
+        got = await call
+    except asyncio.CancelledError:
+        if not ended:
+            raise
+        me.uncancel()
+        raise revoked() from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if ended:  # the call swallowed its cancellation: its answer is not the caller's now
+        me.uncancel()
+        raise revoked()
+    return got
 
 
 async def next_while(events: AsyncIterator, valid: Callable[[], bool] | None):

@@ -13,7 +13,8 @@ from dsec.api.models import SandboxInfo
 from dsec.api.process import (ProcessInfo, ProcessList, ProcessRequest, ProcessWaitRequest,
                               PtySize, SignalRequest, StdinRequest, TimeoutRequest)
 from dsec.gateway.openapi import ndjson_answer
-from dsec.gateway.routes.common import check_grading, client_for, next_while, validity
+from dsec.gateway.routes.common import (check_grading, client_for, next_while, validity,
+                                        while_valid)
 
 __all__ = ["router"]
 
@@ -77,8 +78,10 @@ async def events(request: Request, sb_id: str, pid: int,
 
 @router.post("/processes/{pid}/wait", response_model=ProcessInfo)
 async def wait(request: Request, sb_id: str, pid: int, req: ProcessWaitRequest) -> ProcessInfo:
-    """Answers when the process ends (or after ``timeout``, still running)."""
-    return await client_for(request, sb_id).process_wait(sb_id, pid, req.timeout)
+    """Answers when the process ends (or after ``timeout``, still running); Unauthorized
+    once the caller's token stops working meanwhile (the process goes on)."""
+    return await while_valid(request, client_for(request, sb_id).process_wait(sb_id, pid,
+                                                                              req.timeout))
 
 
 @router.post("/processes/{pid}/signal", status_code=204)

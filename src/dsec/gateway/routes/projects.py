@@ -9,16 +9,19 @@ about whether it exists. Every call that changes something is audited, refused o
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
 
 from fastapi import APIRouter, Query, Request
 
-from dsec.api.errors import DSecError, Forbidden, InvalidArgument, NotFound
+from dsec.api.errors import Conflict, DSecError, Forbidden, InvalidArgument, NodeLost, NotFound
 from dsec.api.projects import (ProjectAuditList, ProjectCreate, ProjectInfo, ProjectList,
                                ProjectUpdate, TokenCreate, TokenCreated, TokenList, TokenRevoke,
                                check_project_path, within)
+from dsec.api.scope import caller_scope
 from dsec.gateway.auth import principal_of
 from dsec.gateway.routes.common import gateway_of
+from dsec.gateway.spread import fan_out
 
 __all__ = ["router"]
 
@@ -92,18 +95,56 @@ async def set_quota(request: Request, req: ProjectUpdate, path: str = PathQuery
 
 @router.delete("", status_code=204)
 async def delete(request: Request, path: str = PathQuery) -> None:
-    """An empty project: no sub-projects, no sandboxes. Its tokens stop working."""
+    """An empty project: no sub-projects, sandboxes, job leases or snapshots (Conflict
+    naming what it still holds). Its tokens stop working. What the nodes keep by project
+    path must go first: a project made again at the path would otherwise take it over."""
     with _audited(request, path):
-        gateway_of(request).projects.store.delete(_scope(request, path, below=True))
+        path = _scope(request, path, below=True)
+        gw = gateway_of(request)
+        gw.projects.store.check_empty(path)  # what the store knows, before the nodes
+        await _nothing_on_nodes(gw, path)
+        gw.projects.store.delete(path)
+
+
+async def _nothing_on_nodes(gw, path: str) -> None:
+    """Conflict naming the job leases and snapshots the nodes keep for ``path`` (or a
+    project below it); NodeLost if a node that may keep some does not answer."""
+    mark = caller_scope.set(path)  # what a token of the project sees
+    try:
+        (jobs, down), (images, down_too) = await asyncio.gather(
+            fan_out(gw, "jobs"), fan_out(gw, "list_images"))
+    finally:
+        caller_scope.reset(mark)
+    unreachable = sorted({*down, *down_too})
+    if unreachable:
+        raise NodeLost(f"project {path!r} is not deleted: node(s) {', '.join(unreachable)} "
+                       "do not answer, and may keep its job leases or snapshots; delete it "
+                       "again when they are back")
+    leases = sorted({j.job for part in jobs for j in part if j.lease_expires_at is not None})
+    tags = sorted({i.name for part in images for i in part if i.project is not None})
+    held = [f"the job lease of {j!r}" for j in leases] + [f"the snapshot {t!r}" for t in tags]
+    if not held:
+        return
+    todo = []
+    if leases:
+        todo.append("stop those jobs (client.jobs.stop(job) with a token of the project; "
+                    "one above it stops the job in every project below it)")
+    if tags:
+        todo.append("remove those snapshots (client.remove_image(tag) with an admin token "
+                    "of the project or one above it)")
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    raise Conflict(f"project {path!r} holds {shown}; {' and '.join(todo)} first")
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(request: Request, req: TokenCreate, path: str = PathQuery
                        ) -> TokenCreated:
-    """A token of the project; the secret is in this answer only."""
+    """A token of the project; the secret is in this answer only. It is no higher than
+    the caller's role and expires no later than the caller's token (a longer ``ttl_s`` is
+    400 naming the limit; none takes the caller's expiry)."""
     with _audited(request, path, f"role={req.role}"):
         made = gateway_of(request).projects.store.create_token(
-            _scope(request, path), req.role, req.ttl_s, req.name)
+            _scope(request, path), req.role, req.ttl_s, req.name, by=principal_of(request))
     return made
 
 
@@ -137,6 +178,11 @@ async def revoke_token(request: Request, req: TokenRevoke) -> None:
 async def audit(request: Request, path: str = PathQuery,
                 limit: int = Query(100, ge=1, le=10_000),
                 since: float = Query(0.0, ge=0)) -> ProjectAuditList:
-    """Newest first: management calls and refused requests of the project and below."""
-    return ProjectAuditList(entries=gateway_of(request).projects.audit.entries(
-        _scope(request, path), limit, since))
+    """Newest first: management calls and refused requests of the project and below,
+    since the project was made: a project made again at a path it had before does not
+    read the earlier one's entries (the projects above it do)."""
+    projects = gateway_of(request).projects
+    path = _scope(request, path)
+    if path:
+        since = max(since, projects.store.created_at(path))
+    return ProjectAuditList(entries=projects.audit.entries(path, limit, since))

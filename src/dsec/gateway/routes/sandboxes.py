@@ -18,7 +18,7 @@ from dsec.gateway.auth import principal_of
 from dsec.gateway.fastlane import hot
 from dsec.gateway.openapi import raw_answer
 from dsec.gateway.routes.common import (check_grading, client_for, gateway_of, model_response,
-                                        reaches_protected)
+                                        reaches_protected, while_valid)
 from dsec.gateway.spread import create_batch, healthy_clients, list_all, lost_node
 from dsec.placement.admission import NodeLoad
 
@@ -89,7 +89,8 @@ async def resume(request: Request, sb_id: str) -> Response:
 @hot
 async def exec_(request: Request, sb_id: str, req: ExecRequest) -> Response:
     check_grading(request, req.grading)
-    return model_response(await client_for(request, sb_id).exec(sb_id, req))
+    return model_response(await while_valid(request, client_for(request, sb_id).exec(sb_id,
+                                                                                     req)))
 
 
 @router.post("/sandboxes/{sb_id}/shells", response_model=ShellInfo, status_code=201)
@@ -101,7 +102,8 @@ async def shell_open(request: Request, sb_id: str) -> ShellInfo:
 @hot
 async def shell_run(request: Request, sb_id: str, sh_id: str,
                     req: ShellRunRequest) -> Response:
-    return model_response(await client_for(request, sb_id).shell_run(sb_id, sh_id, req))
+    return model_response(await while_valid(
+        request, client_for(request, sb_id).shell_run(sb_id, sh_id, req)))
 
 
 @router.delete("/sandboxes/{sb_id}/shells/{sh_id}", status_code=204)

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from dsec.api.errors import DSecError
 from dsec.api.projects import ancestors
-from dsec.gateway.routes.common import client_for, gateway_of
+from dsec.gateway.routes.common import client_for, gateway_of, next_while, recheck
 from dsec.gateway.spread import list_all
 from dsec.integrations.e2b import filesystem as fs
 from dsec.integrations.e2b import process, watch
@@ -61,6 +61,7 @@ def _target(request: Request) -> Target:
         raise RpcError("unauthenticated", f"missing or wrong X-Access-Token for sandbox {sb_id}: "
                                           "use the envdAccessToken that create or connect gave")
     projects = gateway_of(request).projects
+    request.state.e2b_who = who
     if who != ROOT and projects is not None and not projects.store.live(who):
         raise RpcError("unauthenticated", f"the X-Access-Token of sandbox {sb_id} was given to "
                                           f"the dsec token {who}, which was revoked, expired or "
@@ -71,6 +72,22 @@ def _target(request: Request) -> Target:
     except DSecError as exc:
         raise from_dsec(exc, sb_id) from exc
     return Target(sb_id, client, decode_user(request.headers.get("authorization")))
+
+
+async def _while_live(request: Request, events: AsyncIterator[bytes]
+                      ) -> AsyncIterator[bytes]:
+    """``events`` until they end, or until the dsec token the call's access token was given
+    to stops working (asked every RECHECK_S): then ``unauthenticated``, as a revoked
+    token's dsec stream ends (the command goes on, as when a client leaves)."""
+    projects, who = gateway_of(request).projects, request.state.e2b_who
+    valid = None if who == ROOT or projects is None else recheck(
+        lambda: projects.store.live(who))
+    while True:
+        try:
+            chunk = await next_while(events, valid)
+        except StopAsyncIteration:
+            return
+        yield chunk
 
 
 def _unary(cls: type[BaseModel], fn: Callable[[Target, BaseModel], Awaitable[object]]):
@@ -103,7 +120,8 @@ def envd_router(config: E2BConfig) -> APIRouter:
                                  _keepalive(request))
         except RpcError as err:
             return _stream_error(err)
-        return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
+        return StreamingResponse(stream_body(_while_live(request, events), target.sb_id),
+                                 media_type=STREAM_TYPE)
 
     @router.post("/process.Process/Start")
     async def start(request: Request) -> Response:
@@ -122,7 +140,8 @@ def envd_router(config: E2BConfig) -> APIRouter:
                                         _keepalive(request), timeout_s(request))
         except RpcError as err:
             return _stream_error(err)
-        return StreamingResponse(stream_body(events, target.sb_id), media_type=STREAM_TYPE)
+        return StreamingResponse(stream_body(_while_live(request, events), target.sb_id),
+                                 media_type=STREAM_TYPE)
 
     @router.post("/process.Process/StreamInput")
     async def stream_input(request: Request) -> Response:
