@@ -81,7 +81,11 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
 
     async def pump_out() -> None:
         while True:
-            out = await session.receive()
+            try:
+                out = await session.receive()
+            except DSecError as exc:  # a remote node's refusal (e.g. NotFound) is its first
+                await ws.send_text(json.dumps(exc.to_wire()))  # frame: say it, as here
+                return
             if isinstance(out, int):
                 await ws.send_text(json.dumps({"exit": out}))
                 return

@@ -1,0 +1,209 @@
+"""Multi-tenancy in the cluster mode: a gateway process over two node agent processes
+(``agents`` in conftest.py), real containers on both. What tests/gateway/test_tenancy.py
+checks in the embedded mode, with the sandboxes, snapshots and leases spread over nodes.
+
+Layout: ``<name>`` with two children ``<name>/a`` and ``<name>/b``; another project's
+object answers exactly what a missing one does (status and body, up to the id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import httpx
+import pytest
+
+import dsec
+from tests.gateway.test_tenancy import (_call, _missing, _pty_answer, _sandbox_routes,
+                                        _shape)
+
+
+class Tenants:
+    """Tokens of the parent and both children by ``child:role``, raw clients with them."""
+
+    def __init__(self, cluster, name: str, tokens: dict[str, str]) -> None:
+        self.cluster, self.url, self.name, self.tokens = cluster, cluster.url, name, tokens
+        self.http = {k: httpx.AsyncClient(base_url=cluster.url, timeout=60,
+                                          headers={"authorization": f"Bearer {t}"})
+                     for k, t in {**tokens, "root": cluster.token}.items()}
+
+    def sdk(self, key: str) -> dsec.AsyncClient:
+        return dsec.AsyncClient(self.url, self.tokens.get(key, self.cluster.token))
+
+    async def on_node(self, who: str, node: str, **spec) -> str:
+        """A sandbox of ``who`` on ``node`` (short id): creates until placement puts one
+        there, and stops the others."""
+        http = self.http[who]
+        for _ in range(12):
+            r = await http.post("/v1/sandboxes", json={"memory_mb": 64, **spec})
+            assert r.status_code == 201, r.text
+            sb = r.json()["id"]
+            if self.cluster.node_of(sb) == node:
+                return sb
+            await http.delete(f"/v1/sandboxes/{sb}")
+        raise AssertionError(f"placement put no sandbox on {node}")
+
+    async def close(self) -> None:
+        for h in self.http.values():
+            await h.aclose()
+
+
+@pytest.fixture
+async def tenants(agents):
+    name = f"c{secrets.token_hex(4)}"
+    tokens = {}
+    async with dsec.AsyncClient(agents.url, agents.token) as root:
+        await root.projects.create(name)
+        tokens["parent"] = await root.projects.create_token(name, role="admin")
+        for child in ("a", "b"):
+            await root.projects.create(f"{name}/{child}")
+            for role in ("viewer", "user", "admin"):
+                tokens[f"{child}:{role}"] = await root.projects.create_token(
+                    f"{name}/{child}", role=role)
+        t = Tenants(agents, name, tokens)
+        try:
+            yield t
+        finally:
+            await t.close()
+            await root.stop_all()
+
+
+def _two(agents) -> tuple[str, str]:
+    x, y = sorted(agents.nodes)
+    return x, y
+
+
+async def _victim(t: Tenants, node: str) -> dict[str, str]:
+    """A's sandbox on ``node`` with an open shell and a running background process."""
+    a = t.http["a:user"]
+    sb = await t.on_node("a:user", node)
+    sh = (await a.post(f"/v1/sandboxes/{sb}/shells")).json()["id"]
+    pid = (await a.post(f"/v1/sandboxes/{sb}/processes",
+                        json={"cmd": "sleep 600", "stdin_open": True})).json()["pid"]
+    return {"sb_id": sb, "sh_id": sh, "pid": str(pid)}
+
+
+async def _untouched(a: httpx.AsyncClient, v: dict) -> None:
+    sb = v["sb_id"]
+    assert (await a.get(f"/v1/sandboxes/{sb}")).json()["state"] == "running"
+    r = await a.post(f"/v1/sandboxes/{sb}/shells/{v['sh_id']}/run", json={"cmd": "echo ok"})
+    assert r.json()["stdout"] == "ok\n", r.text
+    assert (await a.get(f"/v1/sandboxes/{sb}/processes/{v['pid']}")).json()["running"]
+
+
+# ---- sandboxes on either node ----
+
+async def test_every_sandbox_route_answers_another_project_as_a_missing_id_on_each_node(
+        agents, tenants):
+    doc = (await tenants.http["root"].get("/openapi.json")).json()
+    routes = _sandbox_routes(doc)
+    wrong = []
+    for node in _two(agents):
+        victim = await _victim(tenants, node)
+        theirs = await tenants.on_node("parent", node)
+        gone = {"sb_id": _missing(victim["sb_id"]), "sh_id": "sh-" + secrets.token_hex(6),
+                "pid": victim["pid"]}
+        pairs = [("b:user", victim), ("a:user", {**victim, "sb_id": theirs})]
+        for method, path, op in routes:
+            for who, ids in pairs:
+                http = tenants.http[who]
+                got = await http.request(**_call(method, path, op, ids))
+                want = await http.request(**_call(method, path, op, gone))
+                if got.status_code != 404 or _shape(got, *ids.values()) != \
+                        _shape(want, *gone.values()):
+                    wrong.append(f"{node} {who} {method} {path}: {got.status_code} "
+                                 f"{got.text[:160]} (missing: {want.status_code} "
+                                 f"{want.text[:160]})")
+        await _untouched(tenants.http["a:user"], victim)
+    assert not wrong, "\n".join(wrong)
+
+
+async def test_the_terminal_on_a_node_answers_another_project_as_a_missing_id(
+        agents, tenants):
+    """It once closed at once with no word (code 1000, as a terminal that ended well): the
+    node's not_found came to the gateway as its first frame and was dropped there."""
+    victim = await _victim(tenants, _two(agents)[0])
+    sb, gone = victim["sb_id"], _missing(victim["sb_id"])
+    token = tenants.tokens["b:user"]
+    answer = await _pty_answer(agents.url, token, sb)
+    assert '"not_found"' in answer, answer
+    assert answer.replace(sb, "ID") == \
+        (await _pty_answer(agents.url, token, gone)).replace(gone, "ID")
+    assert '"not_found"' in await _pty_answer(agents.url, tenants.tokens["a:user"], gone)
+    await _untouched(tenants.http["a:user"], victim)
+
+
+async def test_a_viewer_changes_nothing_and_a_revoked_token_reaches_nothing_on_a_node(
+        agents, tenants):
+    doc = (await tenants.http["root"].get("/openapi.json")).json()
+    victim = await _victim(tenants, _two(agents)[1])
+    async with tenants.sdk("root") as root:
+        made = await root.projects.create_token_info(f"{tenants.name}/a", role="admin")
+        await root.projects.revoke_token(made.id)
+    wrong = []
+    async with httpx.AsyncClient(base_url=agents.url, timeout=60, headers={
+            "authorization": f"Bearer {made.token}"}) as revoked:
+        for method, path, op in _sandbox_routes(doc):
+            req = _call(method, path, op, victim)
+            if method not in ("GET", "HEAD"):
+                r = await tenants.http["a:viewer"].request(**req)
+                if r.status_code != 403:
+                    wrong.append(f"viewer {method} {path}: {r.status_code} {r.text[:160]}")
+            r = await revoked.request(**req)
+            if r.status_code != 401 or "revoked" not in r.text:
+                wrong.append(f"revoked {method} {path}: {r.status_code} {r.text[:160]}")
+    assert not wrong, "\n".join(wrong)
+    await _untouched(tenants.http["a:user"], victim)
+
+
+@pytest.mark.parametrize("how", ["spawn-wait", "shell"])
+async def test_a_revoked_tokens_wait_and_shell_end_on_a_node(agents, tenants, how):
+    async with tenants.sdk("root") as root:
+        made = await root.projects.create_token_info(f"{tenants.name}/a", role="user")
+        async with dsec.AsyncClient(agents.url, made.token) as c:
+            sb = await c.create(memory_mb=64)
+            if how == "shell":
+                call = (await sb.shell()).run("sleep 613", timeout=700)
+            else:
+                proc = await sb.spawn("sleep 613")
+                call = proc.wait()
+            task = asyncio.ensure_future(call)
+            await asyncio.sleep(1.0)
+            await root.projects.revoke_token(made.id)
+            with pytest.raises(dsec.Unauthorized, match="revoked"):
+                await asyncio.wait_for(task, 15)
+            if how == "shell":  # the command ends with its shell; a process goes on
+                mine = await root.get(sb.id)
+                for _ in range(50):
+                    ps = await mine.exec("ps -o args | grep 'sleep 613' | grep -v grep")
+                    if ps.stdout == "":
+                        break
+                    await asyncio.sleep(0.1)
+                assert ps.stdout == ""
+
+
+# ---- the node's own API ----
+
+async def test_a_nodes_own_api_takes_the_cluster_credential_only(agents, tenants):
+    node, url = next(iter(agents.nodes.items()))
+    sb = await tenants.on_node("a:user", node)
+    for token in (tenants.tokens["a:admin"], tenants.tokens["parent"], agents.token, "x"):
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers={
+                "authorization": f"Bearer {token}", "x-dsec-project": ""}) as http:
+            for method, path, body in (("GET", "/v1/sandboxes", None),
+                                       ("POST", "/v1/sandboxes", {"memory_mb": 64}),
+                                       ("GET", f"/v1/sandboxes/{sb}", None),
+                                       ("POST", f"/v1/sandboxes/{sb}/exec", {"cmd": "true"}),
+                                       ("GET", "/v1/jobs", None), ("GET", "/v1/images", None),
+                                       ("GET", "/v1/nodes/load", None),
+                                       ("GET", "/openapi.json", None)):
+                r = await http.request(method, path, json=body)
+                assert r.status_code == 401, (token[:8], method, path, r.text)
+    # the cluster credential is the gateway's: it is told the project, and believed
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers={
+            "authorization": f"Bearer {agents.cluster_token}"}) as http:
+        b = {"x-dsec-project": f"{tenants.name}/b"}
+        assert (await http.get(f"/v1/sandboxes/{sb}", headers=b)).status_code == 404
+        a = {"x-dsec-project": f"{tenants.name}/a"}
+        assert (await http.get(f"/v1/sandboxes/{sb}", headers=a)).status_code == 200
