@@ -207,3 +207,71 @@ async def test_a_nodes_own_api_takes_the_cluster_credential_only(agents, tenants
         assert (await http.get(f"/v1/sandboxes/{sb}", headers=b)).status_code == 404
         a = {"x-dsec-project": f"{tenants.name}/a"}
         assert (await http.get(f"/v1/sandboxes/{sb}", headers=a)).status_code == 200
+
+
+# ---- snapshots: made on one node, asked for on another ----
+
+async def _snapshot_on(t: Tenants, who: str, node: str, tag: str, mark: bytes):
+    """``who``'s pack_diff of a sandbox on ``node`` holding ``/mark``; its answer."""
+    http = t.http[who]
+    sb = await t.on_node(who, node)
+    try:
+        r = await http.put(f"/v1/sandboxes/{sb}/files", params={"path": "/mark"},
+                           content=mark)
+        assert r.status_code == 200, r.text
+        return await http.post(f"/v1/sandboxes/{sb}/pack_diff", json={"tag": tag})
+    finally:
+        await http.delete(f"/v1/sandboxes/{sb}")
+
+
+@pytest.fixture
+async def tags(agents):
+    made: list[str] = []
+    yield made
+    async with dsec.AsyncClient(agents.url, agents.token) as root:
+        for tag in made:
+            try:
+                await root.remove_image(tag)
+            except dsec.NotFound:
+                pass
+
+
+async def test_a_tag_on_one_node_is_not_taken_on_another(agents, tenants, tags):
+    """A project once took a shared image's or a sibling's tag on a node that did not
+    have it (each node checked only its own tags): a token above both then got either
+    image by the node its create landed on."""
+    x, y = _two(agents)
+    shared, a_only = f"{tenants.name}/shared:v1", f"{tenants.name}/a-only:v1"
+    tags += [shared, a_only]
+    r = await _snapshot_on(tenants, "root", x, shared, b"root")
+    assert r.status_code == 200 and r.json()["project"] is None, r.text
+    r = await _snapshot_on(tenants, "a:user", x, a_only, b"a")
+    assert r.status_code == 200 and r.json()["project"] == f"{tenants.name}/a", r.text
+    for tag in (shared, a_only):  # node y has neither: each node keeps its own tags
+        r = await _snapshot_on(tenants, "b:user", y, tag, b"b")
+        assert r.status_code == 409 and "is taken" in r.text, (tag, r.text)
+    listed = (await tenants.http["root"].get("/v1/images")).json()
+    assert {i["name"]: i["project"] for i in listed if i["name"] in (shared, a_only)} == \
+        {shared: None, a_only: f"{tenants.name}/a"}
+    # its own project's snapshot a project replaces on any node
+    r = await _snapshot_on(tenants, "a:user", y, a_only, b"a2")
+    assert r.status_code == 200 and r.json()["project"] == f"{tenants.name}/a", r.text
+
+
+async def test_a_snapshot_is_listed_to_its_project_whichever_node_holds_it(
+        agents, tenants, tags):
+    """The list once came from the first node alone: a snapshot on another one was in
+    no list, not even its own project's."""
+    tag = f"{tenants.name}/listed:v1"
+    tags.append(tag)
+    for node in _two(agents):
+        r = await _snapshot_on(tenants, "a:user", node, tag, node.encode())
+        assert r.status_code == 200, r.text
+        for who in ("a:user", "parent", "root"):
+            listed = (await tenants.http[who].get("/v1/images")).json()
+            assert [i["project"] for i in listed if i["name"] == tag] == \
+                [f"{tenants.name}/a"], (who, node)
+        listed = (await tenants.http["b:user"].get("/v1/images")).json()
+        assert tag not in [i["name"] for i in listed]
+        async with tenants.sdk("root") as root:
+            await root.remove_image(tag)

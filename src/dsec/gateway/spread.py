@@ -14,13 +14,14 @@ from collections.abc import Iterable
 
 from dsec.api.errors import Capacity, Conflict, DSecError, NodeLost
 from dsec.api.scope import caller_scope
-from dsec.api.models import (CreateManyRequest, NodeInfo, SandboxInfo, SandboxList,
-                             SandboxSpec, retry_mismatch)
+from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
+                             SandboxList, SandboxSpec, retry_mismatch)
 from dsec.cluster.nodeclient import NodeClient
 from dsec.gateway import metrics
+from dsec.images.refs import check_tag_owner, normalize_ref
 
 __all__ = ["create_one", "create_batch", "fan_out", "list_all", "healthy_clients", "lost_node",
-           "runs"]
+           "runs", "list_images", "tag_free_elsewhere"]
 
 
 def healthy_clients(gw) -> tuple[list[NodeClient], list[str]]:
@@ -207,3 +208,53 @@ def _why_not(gw, spec, count: int) -> str:
         return gw.placer.why_not(spec.backend, spec.memory_mb, spec.cpu, count)
     except DSecError as exc:
         return str(exc)
+
+
+async def list_images(gw) -> list[ImageSummary]:
+    """The images the caller sees on every answering node, one per name (the newest, if
+    nodes differ): a snapshot is on the node that made it, not on the first one only."""
+    clients, _ = healthy_clients(gw)
+    got = await asyncio.gather(*(c.list_images() for c in clients), return_exceptions=True)
+    by_name: dict[str, ImageSummary] = {}
+    for part in got:
+        if isinstance(part, BaseException):
+            if isinstance(part, DSecError):
+                continue  # a node lost since: its images are listed when it is back
+            raise part
+        for image in part:
+            seen = by_name.get(image.name)
+            if seen is None or image.created > seen.created:
+                by_name[image.name] = image
+    return list(by_name.values())
+
+
+async def tag_free_elsewhere(gw, node_id: str, tag: str) -> None:
+    """Conflict when the caller's project may not take snapshot tag ``tag`` on some node
+    other than ``node_id`` (which checks for itself): each node keeps its own tags, so a
+    project could otherwise take a shared image's or another project's tag on a node that
+    has not got it yet, and a token above both would get either image by node. NodeLost
+    when a node that may hold it does not answer. The root's token takes any tag."""
+    project = caller_scope.get()
+    others = [c for c in gw.cluster.clients() if c.node_id != node_id]
+    if project is None or not others:
+        return
+    name = normalize_ref(tag)
+    mark = caller_scope.set(None)  # every project's tags, not only those the caller sees
+    try:
+        got = await asyncio.gather(*(c.list_images() for c in others), return_exceptions=True)
+    finally:
+        caller_scope.reset(mark)
+    down = []
+    for c, part in zip(others, got):
+        if isinstance(part, BaseException):
+            if not isinstance(part, DSecError):
+                raise part
+            down.append(c.node_id)
+            continue
+        for image in part:
+            if image.name == name:
+                check_tag_owner(name, image.project, project)
+    if down:
+        raise NodeLost(f"tag {name!r} is not taken: node(s) {', '.join(down)} do not answer, "
+                       "and may hold it as a shared image or another project's snapshot; "
+                       "snapshot again when they are back")

@@ -6,10 +6,11 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from dsec.api.errors import InvalidArgument
+from dsec.api.errors import Conflict, InvalidArgument
+from dsec.api.projects import within
 
 __all__ = ["normalize_ref", "is_digest", "check_digest", "digest_hex", "layer_id", "tag_filename",
-           "RegistryRef", "parse_registry_ref", "has_registry_host"]
+           "RegistryRef", "parse_registry_ref", "has_registry_host", "check_tag_owner"]
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # An optional registry host[:port]/ prefix, then the repository path.
@@ -17,6 +18,18 @@ _HOST = r"(?:[a-z0-9][a-z0-9.\-]*(?::[0-9]{1,5})?/)"
 _NAME = re.compile(_HOST + r"?[a-z0-9][a-z0-9._\-/]{0,199}")
 DOCKER_HUB = "registry-1.docker.io"
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_tag_owner(name: str, owner: str | None, project: str) -> None:
+    """Conflict when a snapshot of ``project`` may not take tag ``name``, held by a
+    snapshot of ``owner`` (None: a shared image): only its own project's, or one below
+    it, may be replaced. It says the same whether the tag is shared or another
+    project's (which the caller cannot see)."""
+    if owner is None or not within(owner, project):
+        raise Conflict(f"tag {name!r} is taken: a project's snapshot makes a new tag or "
+                       "replaces one of its own project's snapshots, never a shared "
+                       "image's or another project's; choose another tag (e.g. one "
+                       "named after the project)")
 
 
 def is_digest(ref: str) -> bool:

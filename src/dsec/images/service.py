@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dsec.api.errors import Conflict, Forbidden, InvalidArgument, NotFound
-from dsec.api.projects import within
+from dsec.api.errors import Forbidden, InvalidArgument, NotFound
 from dsec.api.scope import caller_scope, visible
 from dsec.images import authoring, erofs, importer
 from dsec.images.busybox import BUSYBOX_CONFIG, build_busybox_rootfs
@@ -28,7 +27,8 @@ from dsec.images.gc import GcPlan, plan_gc, plan_remove
 from dsec.images.models import (ImageConfig, ImageInfo, LayerInfo, LayerRef, Manifest,
                                 ResolvedImage)
 from dsec.images.mounts import LayerMounts, StoreLock
-from dsec.images.refs import check_digest, has_registry_host, is_digest, normalize_ref
+from dsec.images.refs import (check_digest, check_tag_owner, has_registry_host, is_digest,
+                              normalize_ref)
 from dsec.images.registry import RegistryAuth, RegistryPolicy
 from dsec.images.sources import LayerSources, RemoteConfig
 from dsec.images.store import LocalStore, hash_blob, table_digest
@@ -132,11 +132,8 @@ class ImageService:
                                   "for images pulled from it; tag a snapshot with a plain "
                                   "name, e.g. 'workspace/repo:v1'")
         record = self.store.tag_record(name)
-        if record is not None and (record[1] is None or not within(record[1], project)):
-            raise Conflict(f"tag {name!r} is taken: a project's snapshot makes a new tag or "
-                           "replaces one of its own project's snapshots, never a shared "
-                           "image's or another project's; choose another tag (e.g. one "
-                           "named after the project)")
+        if record is not None:
+            check_tag_owner(name, record[1], project)
 
     def pull(self, ref: str) -> str:
         """Take tag ``ref`` from the remote store (again): fetch its manifest, tag it here.

@@ -10,6 +10,7 @@ from dsec.api.errors import NotFound
 from dsec.api.models import ImageSummary
 from dsec.gateway.routes.common import gateway_of
 from dsec.gateway.spread import healthy_clients
+from dsec.gateway.spread import list_images as list_images_everywhere
 
 __all__ = ["router"]
 
@@ -18,8 +19,7 @@ router = APIRouter(prefix="/v1")
 
 @router.get("/images", response_model=list[ImageSummary])
 async def list_images(request: Request) -> list[ImageSummary]:
-    clients, _ = healthy_clients(gateway_of(request))
-    return await clients[0].list_images() if clients else []
+    return await list_images_everywhere(gateway_of(request))
 
 
 @router.delete("/images/{name:path}", status_code=204)

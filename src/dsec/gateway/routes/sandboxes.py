@@ -19,7 +19,8 @@ from dsec.gateway.fastlane import hot
 from dsec.gateway.openapi import raw_answer
 from dsec.gateway.routes.common import (check_grading, client_for, gateway_of, model_response,
                                         reaches_protected, while_valid)
-from dsec.gateway.spread import create_batch, healthy_clients, list_all, lost_node
+from dsec.gateway.spread import (create_batch, healthy_clients, list_all, lost_node,
+                                 tag_free_elsewhere)
 from dsec.placement.admission import NodeLoad
 
 __all__ = ["router", "CreateManyResponse"]
@@ -116,10 +117,13 @@ async def pack_diff(request: Request, sb_id: str, req: PackDiffRequest) -> Image
     """A snapshot by a token that may not grade leaves the protected paths out: the new
     image would otherwise hand what the grader wrote to any sandbox made from it."""
     client = client_for(request, sb_id)
-    if gateway_of(request).projects is not None and not reaches_protected(request):
+    gw = gateway_of(request)
+    if gw.projects is not None and not reaches_protected(request):
         hidden = (await client.get(sb_id)).protected_paths
         if hidden:
             req = req.model_copy(update={"exclude": [*req.exclude, *hidden]})
+    if gw.projects is not None:
+        await tag_free_elsewhere(gw, client.node_id, req.tag)
     return await client.pack_diff(sb_id, req)
 
 
