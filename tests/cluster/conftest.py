@@ -30,6 +30,7 @@ class AgentCluster:
     token: str
     cluster_token: str
     nodes: dict[str, str] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)  # each node agent's process
 
     def node_of(self, sb_id: str) -> str:
         return sb_id.split("-")[1]
@@ -92,13 +93,15 @@ def agents(tmp_path_factory):
         extra = [arg for u in urls.values() for arg in ("--node", u)]
         gateway = ServerProcess(state_dir=gw_dir, extra_args=extra).start()
         ids = _wait_for_nodes(gateway.url, gateway.token, len(procs))
-        by_url = {}
+        by_url, pids = {}, {}
         for i, url in urls.items():
             r = httpx.get(f"{url}/v1/nodes/load", timeout=30,
                           headers={"authorization": f"Bearer {credential.read_text().strip()}"})
-            by_url[r.json()[0]["node_id"].removeprefix("node-")] = url
+            short = r.json()[0]["node_id"].removeprefix("node-")
+            by_url[short], pids[short] = url, procs[i].pid
         assert set(by_url) == set(ids)
-        yield AgentCluster(gateway.url, gateway.token, credential.read_text().strip(), by_url)
+        yield AgentCluster(gateway.url, gateway.token, credential.read_text().strip(), by_url,
+                           pids)
     finally:
         if gateway is not None:
             gateway.destroy()  # stops every sandbox through the gateway first

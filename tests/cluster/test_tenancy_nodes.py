@@ -275,3 +275,137 @@ async def test_a_snapshot_is_listed_to_its_project_whichever_node_holds_it(
         assert tag not in [i["name"] for i in listed]
         async with tenants.sdk("root") as root:
             await root.remove_image(tag)
+
+
+# ---- jobs, project delete, idempotency keys: spread over both nodes ----
+
+async def test_a_job_on_both_nodes_is_its_projects_alone(agents, tenants):
+    a, b, x, y = tenants.http["a:user"], tenants.http["b:user"], *_two(agents)
+    job = f"run-{secrets.token_hex(3)}"
+    mine = [await tenants.on_node("a:user", n, job=job) for n in (x, y)]
+    theirs = [await tenants.on_node("b:user", n, job=job) for n in (x, y)]
+    r = await a.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 3600})
+    assert r.status_code == 200 and r.json()["sandboxes"] == 2, r.text
+    got = (await a.get(f"/v1/jobs/{job}")).json()
+    assert got["sandboxes"] == 2 and got["lease_expires_at"] is not None
+    listed = {j["job"]: j for j in (await b.get("/v1/jobs")).json()["jobs"]}
+    assert listed[job]["sandboxes"] == 2 and listed[job]["lease_expires_at"] is None
+    parent = {j["job"]: j for j in (await tenants.http["parent"].get("/v1/jobs")).json()["jobs"]}
+    assert parent[job]["sandboxes"] == 4
+    # B's lease lapsing at once, and B's stop, touch none of A's
+    r = await b.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 0.01, "stop_after_s": 0.01})
+    assert r.status_code == 200 and r.json()["sandboxes"] == 2
+    await asyncio.sleep(2.5)  # each node's reaper runs every second
+    assert (await b.delete(f"/v1/jobs/{job}")).status_code == 204
+    for sb in theirs:
+        assert (await b.get(f"/v1/sandboxes/{sb}")).status_code != 200 or \
+            (await b.get(f"/v1/sandboxes/{sb}")).json()["state"] != "running"
+    for sb in mine:
+        assert (await a.get(f"/v1/sandboxes/{sb}")).json()["state"] == "running"
+    assert (await a.get(f"/v1/jobs/{job}")).json()["lease_expires_at"] is not None
+    assert (await a.post(f"/v1/jobs/{job}/pause")).json()["sandboxes"] == 2
+    assert (await a.delete(f"/v1/jobs/{job}")).status_code == 204  # on both nodes
+    for sb in mine:
+        r = await a.get(f"/v1/sandboxes/{sb}")
+        assert r.status_code != 200 or r.json()["state"] != "running", r.text
+
+
+async def test_a_project_is_not_deleted_while_a_node_holds_its_lease_or_snapshot(
+        agents, tenants, tags):
+    x, y = _two(agents)
+    a = tenants.http["a:user"]
+    path = f"{tenants.name}/a"
+    job = f"run-{secrets.token_hex(3)}"
+    sb = await tenants.on_node("a:user", y, job=job)
+    assert (await a.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 3600})).status_code == 200
+    await a.delete(f"/v1/sandboxes/{sb}")  # the lease stays on node y
+    root = tenants.http["root"]
+    r = await root.delete("/v1/projects", params={"path": path})
+    assert r.status_code == 409 and f"the job lease of {job!r}" in r.text, r.text
+    assert (await a.delete(f"/v1/jobs/{job}")).status_code == 204
+    tag = f"{tenants.name}/keep:v1"
+    tags.append(tag)
+    assert (await _snapshot_on(tenants, "a:user", y, tag, b"a")).status_code == 200
+    r = await root.delete("/v1/projects", params={"path": path})
+    assert r.status_code == 409 and f"the snapshot {tag!r}" in r.text, r.text
+    r = await tenants.http["b:admin"].delete(f"/v1/images/{tag}")  # not B's to remove
+    assert r.status_code == 404, r.text
+    assert (await tenants.http["a:admin"].delete(f"/v1/images/{tag}")).status_code == 204
+    assert (await root.delete("/v1/projects", params={"path": path})).status_code == 204
+
+
+async def test_a_key_of_another_project_makes_its_own_sandboxes_on_any_node(
+        agents, tenants):
+    a, b = tenants.http["a:user"], tenants.http["b:user"]
+    key = f"k-{secrets.token_hex(3)}"
+    one = {}
+    for who, http in (("a", a), ("b", b)):
+        r = await http.post("/v1/sandboxes", json={"memory_mb": 64, "request_id": key})
+        assert r.status_code == 201, r.text
+        one[who] = r.json()
+        assert one[who]["project"] == f"{tenants.name}/{who}"
+    assert one["a"]["id"] != one["b"]["id"]
+    many = {}
+    for who, http in (("a", a), ("b", b)):
+        r = await http.post("/v1/sandboxes/batch", json={
+            "count": 4, "request_id": key + "-batch", "spec": {"memory_mb": 64}})
+        assert r.status_code == 201 and not r.json()["errors"], r.text
+        many[who] = {s["id"] for s in r.json()["sandboxes"]}
+        assert {s["project"] for s in r.json()["sandboxes"]} == {f"{tenants.name}/{who}"}
+    assert not many["a"] & many["b"]
+    assert {agents.node_of(s) for s in many["a"] | many["b"]} == set(agents.nodes)
+    for who, http in (("a", a), ("b", b)):  # a retry is each project's own
+        r = await http.post("/v1/sandboxes", json={"memory_mb": 64, "request_id": key})
+        assert r.json()["id"] == one[who]["id"]
+        r = await http.post("/v1/sandboxes/batch", json={
+            "count": 4, "request_id": key + "-batch", "spec": {"memory_mb": 64}})
+        assert {s["id"] for s in r.json()["sandboxes"]} == many[who]
+        listed = (await http.get("/v1/sandboxes", params={"request_id": key})).json()
+        assert [s["id"] for s in listed["sandboxes"]] == [one[who]["id"]]
+
+
+async def _healthy(http: httpx.AsyncClient, node: str, want: bool) -> None:
+    for _ in range(150):
+        nodes = {n["id"].removeprefix("node-"): n["healthy"]
+                 for n in (await http.get("/v1/nodes")).json()}
+        if nodes[node] is want:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"node {node} did not become healthy={want}")
+
+
+async def test_a_project_is_not_deleted_while_a_node_does_not_answer(agents, tenants):
+    import os
+    import signal
+    root, node = tenants.http["root"], _two(agents)[1]
+    os.kill(agents.pids[node], signal.SIGSTOP)  # it holds its port and answers nothing
+    try:
+        await _healthy(root, node, False)
+        r = await root.delete("/v1/projects", params={"path": f"{tenants.name}/b"})
+        assert r.status_code == 503 and node in r.text, r.text
+    finally:
+        os.kill(agents.pids[node], signal.SIGCONT)
+    await _healthy(root, node, True)
+    r = await root.delete("/v1/projects", params={"path": f"{tenants.name}/b"})
+    assert r.status_code == 204, r.text
+
+
+async def test_another_projects_snapshot_is_a_missing_tag_on_every_node(agents, tenants, tags):
+    tag, gone = f"{tenants.name}/a-snap:v1", f"{tenants.name}/none:v1"
+    tags.append(tag)
+    assert (await _snapshot_on(tenants, "a:user", _two(agents)[0], tag, b"a")
+            ).status_code == 200
+    b = tenants.http["b:user"]
+    for _ in range(4):  # wherever the create lands
+        for body in ({"image": tag}, {"layers": [tag]}):
+            got = await b.post("/v1/sandboxes", json={"memory_mb": 64, **body})
+            want = await b.post("/v1/sandboxes", json={"memory_mb": 64, **{
+                k: (gone if isinstance(v, str) else [gone]) for k, v in body.items()}})
+            assert got.status_code == 404 and \
+                _shape(got, tag) == _shape(want, gone), (got.text, want.text)
+    # nor does a header at the gateway change whose request it is
+    r = await b.get("/v1/images", headers={"x-dsec-project": f"{tenants.name}/a"})
+    assert tag not in r.text
+    r = await b.post("/v1/sandboxes", headers={"x-dsec-project": f"{tenants.name}/a"},
+                     json={"memory_mb": 64, "image": tag})
+    assert r.status_code == 404, r.text
