@@ -409,3 +409,26 @@ async def test_another_projects_snapshot_is_a_missing_tag_on_every_node(agents, 
     r = await b.post("/v1/sandboxes", headers={"x-dsec-project": f"{tenants.name}/a"},
                      json={"memory_mb": 64, "image": tag})
     assert r.status_code == 404, r.text
+
+
+async def test_a_snapshot_is_used_whichever_node_a_create_is_placed_on(agents, tenants, tags):
+    """Each node keeps the snapshots it made; a create placed on the other node once
+    answered NotFound (about half of them, with two nodes)."""
+    x, _ = _two(agents)
+    tag = f"{tenants.name}/a-here:v1"
+    tags.append(tag)
+    assert (await _snapshot_on(tenants, "a:user", x, tag, b"a")).status_code == 200
+    for who in ("a:user", "parent"):
+        http = tenants.http[who]
+        for i in range(5):
+            for key in (None, f"snap-{secrets.token_hex(3)}"):
+                r = await http.post("/v1/sandboxes", json={"memory_mb": 64, "image": tag,
+                                                           "request_id": key})
+                assert r.status_code == 201, (who, i, r.text)
+                sb = r.json()["id"]
+                assert agents.node_of(sb) == x
+                if key is not None:  # a retry finds it on the same way
+                    again = await http.post("/v1/sandboxes", json={
+                        "memory_mb": 64, "image": tag, "request_id": key})
+                    assert again.json()["id"] == sb
+                await http.delete(f"/v1/sandboxes/{sb}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from dsec.api.errors import Capacity, Conflict, DSecError, NodeLost
+from dsec.api.errors import Capacity, Conflict, DSecError, NodeLost, NotFound
 from dsec.api.scope import caller_scope
 from dsec.api.models import (CreateManyRequest, ImageSummary, NodeInfo, SandboxInfo,
                              SandboxList, SandboxSpec, retry_mismatch)
@@ -58,7 +58,9 @@ async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
     """One sandbox, on the node placement picks; a node that refuses (its admission has
     the last word), or could not be reached to be asked, is skipped and the next choice
     tried. Not the second with an idempotency key: a retry of it asks the key's node, so
-    the sandbox must be there or nowhere."""
+    the sandbox must be there or nowhere. A node without the image (a snapshot is kept
+    by the node that made it) is skipped too, key or not: it made nothing, and a retry
+    takes the same nodes in the same order to the one that has it."""
     tried: list[str] = []
     while True:
         client = gw.placer.choose(spec.backend, spec.memory_mb, spec.cpu, exclude=tried,
@@ -67,6 +69,10 @@ async def create_one(gw, spec: SandboxSpec) -> SandboxInfo:
             return await client.create(spec)
         except Capacity:
             metrics.RETRIES.labels("refused").inc()
+            if len(tried) + 1 >= len(gw.cluster.clients()):
+                raise
+        except NotFound:  # the image: a missing tag and a hidden one are asked alike
+            metrics.RETRIES.labels("no_image").inc()
             if len(tried) + 1 >= len(gw.cluster.clients()):
                 raise
         except NodeLost as exc:
@@ -213,18 +219,12 @@ def _why_not(gw, spec, count: int) -> str:
 async def list_images(gw) -> list[ImageSummary]:
     """The images the caller sees on every answering node, one per name (the newest, if
     nodes differ): a snapshot is on the node that made it, not on the first one only."""
-    clients, _ = healthy_clients(gw)
-    got = await asyncio.gather(*(c.list_images() for c in clients), return_exceptions=True)
+    parts, _ = await fan_out(gw, "list_images")
     by_name: dict[str, ImageSummary] = {}
-    for part in got:
-        if isinstance(part, BaseException):
-            if isinstance(part, DSecError):
-                continue  # a node lost since: its images are listed when it is back
-            raise part
-        for image in part:
-            seen = by_name.get(image.name)
-            if seen is None or image.created > seen.created:
-                by_name[image.name] = image
+    for image in (i for part in parts for i in part):
+        seen = by_name.get(image.name)
+        if seen is None or image.created > seen.created:
+            by_name[image.name] = image
     return list(by_name.values())
 
 
