@@ -292,6 +292,10 @@ async def test_a_job_on_both_nodes_is_its_projects_alone(agents, tenants):
     assert listed[job]["sandboxes"] == 2 and listed[job]["lease_expires_at"] is None
     parent = {j["job"]: j for j in (await tenants.http["parent"].get("/v1/jobs")).json()["jobs"]}
     assert parent[job]["sandboxes"] == 4
+    r = await b.post(f"/v1/jobs/{job}/pause")  # B's two, on both nodes; none of A's
+    assert r.status_code == 200 and r.json()["sandboxes"] == 2, r.text
+    for sb in mine:
+        assert (await a.get(f"/v1/sandboxes/{sb}")).json()["state"] == "running"
     # B's lease lapsing at once, and B's stop, touch none of A's
     r = await b.post(f"/v1/jobs/{job}/heartbeat", json={"lease_s": 0.01, "stop_after_s": 0.01})
     assert r.status_code == 200 and r.json()["sandboxes"] == 2
