@@ -381,12 +381,19 @@ async def _healthy(http: httpx.AsyncClient, node: str, want: bool) -> None:
 async def test_a_project_is_not_deleted_while_a_node_does_not_answer(agents, tenants):
     import os
     import signal
-    root, node = tenants.http["root"], _two(agents)[1]
+    root, (here, node) = tenants.http["root"], _two(agents)
+    sb = await tenants.on_node("a:user", here)
     os.kill(agents.pids[node], signal.SIGSTOP)  # it holds its port and answers nothing
     try:
         await _healthy(root, node, False)
         r = await root.delete("/v1/projects", params={"path": f"{tenants.name}/b"})
         assert r.status_code == 503 and node in r.text, r.text
+        # it may hold the tag as another project's: a project's snapshot waits for it
+        t0 = asyncio.get_running_loop().time()
+        r = await tenants.http["a:user"].post(f"/v1/sandboxes/{sb}/pack_diff",
+                                              json={"tag": f"{tenants.name}/new:v1"})
+        assert r.status_code == 503 and node in r.text, r.text
+        assert asyncio.get_running_loop().time() - t0 < 5  # a lost node is not waited for
     finally:
         os.kill(agents.pids[node], signal.SIGCONT)
     await _healthy(root, node, True)

@@ -235,16 +235,17 @@ async def tag_free_elsewhere(gw, node_id: str, tag: str) -> None:
     has not got it yet, and a token above both would get either image by node. NodeLost
     when a node that may hold it does not answer. The root's token takes any tag."""
     project = caller_scope.get()
-    others = [c for c in gw.cluster.clients() if c.node_id != node_id]
-    if project is None or not others:
+    if project is None or len(gw.cluster.clients()) < 2:
         return
     name = normalize_ref(tag)
+    ok, down = healthy_clients(gw)  # one counted lost is not waited for
+    others = [c for c in ok if c.node_id != node_id]
+    down = [n for n in down if n != node_id]
     mark = caller_scope.set(None)  # every project's tags, not only those the caller sees
     try:
         got = await asyncio.gather(*(c.list_images() for c in others), return_exceptions=True)
     finally:
         caller_scope.reset(mark)
-    down = []
     for c, part in zip(others, got):
         if isinstance(part, BaseException):
             if not isinstance(part, DSecError):
