@@ -60,3 +60,15 @@ async def test_malformed_control_frame_gets_an_error_and_1007(server, sandbox, f
     await asyncio.wait_for(ws.wait_closed(), 10)
     assert ws.close_code == 1007
     assert "Traceback" not in await _log_after(server, before, 0.2)
+
+
+async def test_a_shell_killed_in_a_running_sandbox_reports_its_exit(sandbox):
+    """A terminal whose shell dies while its sandbox runs ends with the exit code; only a
+    shell that a stop killed is reported as the sandbox stopped."""
+    t = await sandbox.pty()
+    await t.read(timeout=10)
+    await t.write(b"kill -9 $$\n")
+    while await t.read(timeout=10):
+        pass
+    assert t.exit_code == 137
+    assert (await sandbox.exec("true")).exit_code == 0

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 
-from dsec.api.errors import DSecError, InvalidArgument
+from dsec.api.errors import DSecError, InvalidArgument, SandboxStopped
 from dsec.api.models import ExecRequest, validated
 from dsec.api.process import PtySize
 from dsec.gateway.openapi import ndjson_answer
@@ -87,6 +87,11 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
                 await ws.send_text(json.dumps(exc.to_wire()))  # frame: say it, as here
                 return
             if isinstance(out, int):
+                if out != 0 and not await _live(ws, sb_id):  # killed by the stop
+                    await ws.send_text(json.dumps(SandboxStopped(
+                        f"sandbox {sb_id} was stopped while its terminal was open (the "
+                        f"shell ended with {out})").to_wire()))
+                    return
                 await ws.send_text(json.dumps({"exit": out}))
                 return
             await ws.send_bytes(out)
@@ -117,6 +122,16 @@ async def pty(ws: WebSocket, sb_id: str, rows: int = 24, cols: int = 80) -> None
             await ws.close(close_code)
         except (RuntimeError, WebSocketDisconnect, OSError):
             pass  # the client already left
+
+
+async def _live(ws: WebSocket, sb_id: str) -> bool:
+    """Whether the sandbox still runs: a shell that a stop killed ends with an exit code
+    like any other, and the terminal should say the sandbox was stopped instead."""
+    try:
+        info = await client_for(ws, sb_id).get(sb_id)  # type: ignore[arg-type]
+    except DSecError:
+        return False
+    return info.state != "stopped"
 
 
 # How a terminal ends without an error: the node's session ended, or the client left.
