@@ -158,7 +158,11 @@ async def test_a_sandbox_allocating_when_paused_is_reclaimed_and_finishes_whole(
                           "sleep 0.05; done")
     await node.pause(sb_id)
     got = await reclaimed(node, sb_id)
-    assert got.memory_swapped_mb > 20, got  # its pages went while it was mid-allocation
+    # its pages went while it was mid-allocation: all of them, down to the kernel's own.
+    # (How much that is depends on where its file's pages were when it paused: in a CI
+    # run under load they had mostly left already, 11.6 MiB held against 30+ usually.)
+    assert got.reclaim == "reclaimed" and got.memory_used_mb <= 2, got
+    assert got.memory_reclaimed_mb > 3, got
     assert node.backends["container"].oom_kills(node.record(sb_id)) == 0
     await node.resume(sb_id)
     out = await sh(node, sb_id, "while [ ! -f /tmp/done ]; do sleep 0.1; done; "
