@@ -16,7 +16,7 @@ import pytest
 
 import dsec
 from tests.gateway.test_tenancy import (_call, _missing, _pty_answer, _sandbox_routes,
-                                        _shape)
+                                        _shape, _untouched)
 
 
 class Tenants:
@@ -82,14 +82,6 @@ async def _victim(t: Tenants, node: str) -> dict[str, str]:
     pid = (await a.post(f"/v1/sandboxes/{sb}/processes",
                         json={"cmd": "sleep 600", "stdin_open": True})).json()["pid"]
     return {"sb_id": sb, "sh_id": sh, "pid": str(pid)}
-
-
-async def _untouched(a: httpx.AsyncClient, v: dict) -> None:
-    sb = v["sb_id"]
-    assert (await a.get(f"/v1/sandboxes/{sb}")).json()["state"] == "running"
-    r = await a.post(f"/v1/sandboxes/{sb}/shells/{v['sh_id']}/run", json={"cmd": "echo ok"})
-    assert r.json()["stdout"] == "ok\n", r.text
-    assert (await a.get(f"/v1/sandboxes/{sb}/processes/{v['pid']}")).json()["running"]
 
 
 # ---- sandboxes on either node ----
