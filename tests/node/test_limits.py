@@ -59,7 +59,9 @@ async def test_files_write_is_charged_to_the_sandbox(client):
     try:
         base = (await sb.refresh()).memory_used_mb
         await sb.files.write("/big", b"x" * (48 * MiB))
-        assert (await sb.refresh()).memory_used_mb >= base + 44
+        # Uncharged, the sandbox's usage would not move. Charged, it rose 41.7-48 MiB: in a
+        # cgroup2 guest of a CI run part of what the base held was given back meanwhile.
+        assert (await sb.refresh()).memory_used_mb >= base + 32
     finally:
         await sb.stop()
 
