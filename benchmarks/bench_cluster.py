@@ -323,8 +323,8 @@ async def throughput(cl: Cluster, duration: float, batch: int, workers: int,
     # The target is read on one gateway: with 2 and 4 on these 2 cores each gateway gets a
     # share of a machine that the node agents and the client already fill (the creates sent
     # straight to the nodes are the machine's ceiling), so per-gateway there is that ceiling
-    # divided N ways, not what a gateway can do. The 2/4 rows show that gateways add no
-    # cost beyond their CPU: the aggregate does not fall as gateways are added.
+    # divided N ways, not what a gateway can do. The 2/4 rows' aggregate shows whether
+    # gateways placing at once cost more than their CPU.
     notes.append("≥ 1,000 single creates/s per gateway — "
                  f"{verdict(per_gw[1] >= 1000)} for one gateway ({per_gw[1]:,.0f}/s). With 2 "
                  "and 4 gateways on these 2 cores the figure is the machine's, not a "

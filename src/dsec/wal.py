@@ -117,12 +117,7 @@ class Checkpointer:
         if version == self._seen:
             return False
         self._seen = version
-        # Copied back is not yet started over: the next commit starts the WAL from its
-        # beginning only if every frame was copied back when it begins. Under a steady
-        # stream of commits some land while a checkpoint runs, so a single pass leaves the
-        # WAL growing, until the backstop checkpoints it on the loop. Each further pass
-        # copies only what came meanwhile, so a few catch up.
-        for _ in range(CHASE):
+        for _ in range(CHASE):  # until the next commit can start the WAL over (see above)
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             if self.pending() == 0:
                 break
