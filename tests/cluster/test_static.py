@@ -24,11 +24,14 @@ NODES = 5
 
 
 @contextlib.asynccontextmanager
-async def _gateway(urls: list[str]):
+async def _gateway(urls: list[str], period_s: float = 0.2, seen: list | None = None):
+    """A gateway over ``urls`` on loopback; its watcher is appended to ``seen``."""
     import uvicorn
     watcher_cluster = StaticCluster(urls, TOKEN)
-    app = create_app(watcher_cluster, ROOT,
-                     watcher=Watcher(watcher_cluster, period_s=0.2, stale_after_s=1.0))
+    watcher = Watcher(watcher_cluster, period_s=period_s, stale_after_s=max(1.0, 5 * period_s))
+    if seen is not None:
+        seen.append(watcher)
+    app = create_app(watcher_cluster, ROOT, watcher=watcher)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -89,6 +92,32 @@ async def test_a_batch_is_split_over_every_node_with_one_request_each(nodes):
         assert ran.status_code == 200 and ran.json()["exit_code"] == 0
         other = await gw.post(f"/v1/sandboxes/{one}/exec", json={"cmd": "ls /"})
         assert other.status_code == 400 and other.json()["error"]["code"] == "unsupported"
+
+
+async def test_a_create_answer_shows_the_gateway_what_other_gateways_placed_there(nodes):
+    """Between two probes, a gateway learns what a node holds from the node's answers to
+    its own creates, the other gateways' placements on it included: several gateways at
+    once so do not all pile onto the node that looked emptiest a period ago."""
+    seen: list[Watcher] = []
+    async with _gateway(nodes.urls, period_s=60.0, seen=seen) as gw:
+        watcher, = seen
+        assert {v.load.sandboxes for v in watcher.views.values()} == {0}  # its first probe
+        spec = {"cpu": 0.05, "memory_mb": 64}
+        async with httpx.AsyncClient(timeout=10, headers={
+                "authorization": f"Bearer {TOKEN}"}) as other:  # as another gateway would
+            for url in nodes.urls:
+                for _ in range(3):
+                    r = await other.post(f"{url}/v1/sandboxes", json=spec)
+                    assert r.status_code == 201, r.text
+                    node_load = r.headers["x-dsec-node-load"].split()
+            assert node_load[:2] == ["3", str(3 * 64)]  # the last node's, after its third
+        r = await gw.post("/v1/sandboxes", json=spec)
+        assert r.status_code == 201, r.text
+        there = watcher.view(r.json()["node"])
+        assert there.load.sandboxes == 4  # the other gateway's 3, and its own
+        assert there.load.memory_reserved_mb == 4 * 64
+        assert watcher.pending.counts().get(there.node_id, 0) == 0  # no double count
+        assert sorted(v.load.sandboxes for v in watcher.views.values()) == [0] * (NODES - 1) + [4]
 
 
 async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes):

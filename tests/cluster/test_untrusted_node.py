@@ -5,15 +5,18 @@ real loopback server that answers each probe with fixed bytes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsec.api.errors import NodeLost
 from dsec.api.models import ExecRequest, SandboxInfo, SandboxSpec
-from dsec.cluster.http import HttpNodeClient, load_to_wire
+from dsec.cluster.http import HttpNodeClient, counts_from_header, load_to_wire
 from dsec.cluster.static import StaticCluster
 from dsec.gateway.watcher import Watcher
 from dsec.placement.admission import NodeLoad
@@ -101,6 +104,13 @@ async def liar():
         "/v1/sandboxes/sb-liar-1/resume": _answer(502, b"<html>bad gateway</html>"),
     }
 
+    async with _serving(by_path) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _serving(by_path: dict[str, bytes]):
+    """A loopback server answering each request with the bytes its path maps to."""
     async def handle(reader, writer):
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -113,9 +123,11 @@ async def liar():
         finally:
             writer.close()
     srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-    yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-    srv.close()
-    await srv.wait_closed()
+    try:
+        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    finally:
+        srv.close()
+        await srv.wait_closed()
 
 
 VERBS = {
@@ -189,3 +201,47 @@ async def test_a_request_this_side_cannot_build_does_not_get_the_node_distrusted
         assert w.healthy("node-liar")
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("value,counts", [
+    (b"12 768 1.500", (12, 768, 1.5)),
+    (b"  3   64 0.05 ", (3, 64, 0.05)),
+    (b"12 768", None), (b"12 768 1.5 9", None), (b"-1 0 0", None), (b"1 1 nan", None),
+    (b"1 1 inf", None), (b"99999999999999999999 0 0", None), (b"1.5 0 0", None),
+    (b"\xff\xfe 1 1", None), (b"", None)])
+def test_a_create_answers_counts_are_read_only_when_they_make_sense(value, counts):
+    assert counts_from_header(value) == counts
+
+
+@given(st.binary(max_size=64) | st.text(max_size=64))
+def test_no_counts_header_a_node_can_send_raises(value):
+    got = counts_from_header(value)
+    assert got is None or (len(got) == 3 and min(got) >= 0)
+
+
+@pytest.mark.parametrize("header,taken", [(b"5 320 2.500", True), (b"lots of them", False),
+                                          (b"-5 0 0", False), (None, False)])
+async def test_a_create_answers_counts_steer_placement_only_when_they_make_sense(
+        header, taken):
+    """A node's own sandbox with its counts: the watcher takes them; with counts that do
+    not parse (or none), the create still stands and the view keeps its probe's figures."""
+    own = SandboxInfo(id="sb-one-1", node="node-one", backend="container", image="busybox",
+                      state="running", created_at=0.0, cpu=0.5, memory_mb=64, disk_mb=64,
+                      last_active_at=0.0).model_dump_json().encode()
+    load = json.dumps([load_to_wire(NodeLoad("node-one", ("container",), 8, 16384, 0, 0,
+                                             0.0))]).encode()
+    extra = b"" if header is None else b"x-dsec-node-load: " + header + b"\r\n"
+    created = (b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n%s"
+               b"content-length: %d\r\n\r\n%s" % (extra, len(own), own))
+    async with _serving({"/v1/nodes/load": _answer(200, load), "/v1/sandboxes": created}) as url:
+        client = HttpNodeClient("node-one", url, "cluster-credential")
+        w = Watcher(Cluster(client), timeout_s=2.0)
+        try:
+            await w.refresh()
+            info = await client.create(SandboxSpec(memory_mb=64))
+            assert info.id == "sb-one-1" and w.healthy("node-one")
+            now = w.view("node-one").load
+            assert (now.sandboxes, now.memory_reserved_mb, now.cpu_reserved) == (
+                (5, 320, 2.5) if taken else (0, 0, 0.0))
+        finally:
+            await client.close()

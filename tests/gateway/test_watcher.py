@@ -53,6 +53,7 @@ class FakeNode:
     def __init__(self, node_id: str) -> None:
         self.node_id, self.short = node_id, node_id.removeprefix("node-")
         self.up, self.calls, self.sandboxes = True, 0, 0
+        self.on_counts = None
 
     async def load(self) -> NodeLoad:
         self.calls += 1
@@ -274,3 +275,38 @@ async def test_a_dead_node_a_request_reported_is_marked_by_probes_retried_soon()
         assert await _poll(lambda: w.healthy("node-a"))
     finally:
         await w.stop()
+
+
+async def test_a_create_answers_counts_are_the_nodes_load_until_a_later_probe():
+    """A node's answer to a create says what it holds; the watcher takes it as the node's
+    load at once (the other gateways' placements on it included), forgets this gateway's
+    placements made before the create went out, and leaves health to the probes."""
+    a, b = FakeNode("node-a"), FakeNode("node-b")
+    clock = Clock()
+    w = Watcher(FakeCluster([a, b]), stale_after_s=4.0, clock=clock)
+    await w.refresh()
+    assert a.on_counts == w.counted  # the watcher hands its clients the hook
+    w.pending.add("node-a", 1, at=1000.5)   # placed before the create below went out...
+    w.pending.add("node-a", 2, at=1001.5)   # ...and after it
+    w.counted("node-a", (40, 2048, 3.5), sent_at=1001.0)
+    got = {n.node_id: n for n in w.loads()}
+    assert (got["node-a"].sandboxes, got["node-a"].memory_reserved_mb,
+            got["node-a"].cpu_reserved) == (40, 2048, 3.5)
+    assert got["node-b"].sandboxes == 0 and w.pending.counts() == {"node-a": 2}
+    clock.t += 5.0  # counts are no answer to a probe: the node still ages out
+    assert not w.healthy("node-a")
+    clock.t -= 5.0
+    a.sandboxes = 7  # a probe that went out before the create answered later...
+    clock.t = 1000.8
+    await w.refresh()
+    assert w.view("node-a").load.sandboxes == 40  # ...does not undo its fresher counts
+    clock.t = 1002.0
+    await w.refresh()  # a probe sent after it does
+    assert {n.node_id: n.sandboxes for n in w.loads()}["node-a"] == 7
+
+
+async def test_counts_of_a_node_not_known_or_not_heard_yet_are_ignored():
+    w = Watcher(FakeCluster([FakeNode("node-a")]))
+    w.counted("node-z", (1, 1, 1.0), sent_at=0.0)
+    w.counted("node-a", (1, 1, 1.0), sent_at=0.0)  # never probed: no load to update
+    assert w.views == {}

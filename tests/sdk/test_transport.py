@@ -205,18 +205,26 @@ async def _until(cond, timeout_s: float = 30.0) -> None:
 TIMEOUTS = httpx.Timeout(5.0).as_dict()
 
 
+async def _whole(t: FastTransport, *args) -> tuple[int, bytes]:
+    """``t.exchange(*args)`` without the answer's headers."""
+    status, _, body = await t.exchange(*args)
+    return status, body
+
+
 async def test_exchange_sends_what_httpx_would_and_shares_the_pool():
     async with Server(echo) as srv:
         t = FastTransport()
         url = httpx.URL(srv.url + "/v1/x?y=1")
         headers = [(b"authorization", b"Bearer t"), (b"content-type", b"application/json")]
-        assert await t.exchange("POST", url, headers, b'{"a":1}', TIMEOUTS) == (200, b'{"a":1}')
-        assert await t.exchange("GET", url, headers[:1], b"", TIMEOUTS) == (200, b"empty")
+        assert await _whole(t, "POST", url, headers, b'{"a":1}', TIMEOUTS) == (200, b'{"a":1}')
+        assert await _whole(t, "GET", url, headers[:1], b"", TIMEOUTS) == (200, b"empty")
         # a POST with no body still says so; a GET without one sends no length
-        assert await t.exchange("POST", url, headers[:1], b"", TIMEOUTS) == (200, b"empty")
+        assert await _whole(t, "POST", url, headers[:1], b"", TIMEOUTS) == (200, b"empty")
+        status, head, _ = await t.exchange("GET", url, [], b"", TIMEOUTS)
+        assert status == 200 and (b"content-length", b"5") in head  # the answer's own
         async with httpx.AsyncClient(transport=t) as c:  # the same kept-alive connection
             assert (await c.get(str(url))).content == b"empty"
-        post, get, empty_post, _ = srv.requests
+        post, get, empty_post, _, _ = srv.requests
         host = url.netloc
         assert post.startswith(b"POST /v1/x?y=1 HTTP/1.1\r\nhost: " + host + b"\r\n")
         assert b"content-length: 7\r\n" in post and b"authorization: Bearer t\r\n" in post
@@ -236,17 +244,17 @@ async def test_exchange_keeps_the_pools_promises_on_stale_connections_and_errors
     async with Server(second_unanswered) as srv:
         t = FastTransport()
         url = httpx.URL(srv.url)
-        assert await t.exchange("GET", url, [], b"", TIMEOUTS) == (200, b"empty")
+        assert await _whole(t, "GET", url, [], b"", TIMEOUTS) == (200, b"empty")
         # the server closed the kept-alive connection unanswered: a GET goes again...
-        assert await t.exchange("GET", url, [], b"", TIMEOUTS) == (200, b"empty")
+        assert await _whole(t, "GET", url, [], b"", TIMEOUTS) == (200, b"empty")
         assert srv.connections == 2
         # ...a POST never goes twice
-        assert await t.exchange("GET", url, [], b"", TIMEOUTS) == (200, b"empty")
+        assert await _whole(t, "GET", url, [], b"", TIMEOUTS) == (200, b"empty")
         with pytest.raises(httpx.RemoteProtocolError):
             await t.exchange("POST", url, [], b"a", TIMEOUTS)
         assert sum(r.endswith(b"\r\n\r\na") for r in srv.requests) == 1
         # an error status is an answer like any other, with its body
-        assert await t.exchange("GET", httpx.URL(srv.url + "/fail"), [], b"",
+        assert await _whole(t, "GET", httpx.URL(srv.url + "/fail"), [], b"",
                                 TIMEOUTS) == (404, b"nope")
         await t.aclose()
     with pytest.raises(httpx.ConnectError):

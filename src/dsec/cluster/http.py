@@ -5,15 +5,20 @@ to the same route a user would call. Bodies stream both ways. Failures to reach 
 become :class:`NodeLost` naming it (a short connect timeout; a dead node's port refuses at
 once). Such an error says whether the request was sent at all (``sent``): one that never
 left may be placed elsewhere. The load probe has no connect limit of its own: the
-watcher's budget bounds it, and the watcher, not one slow connect, decides liveness. Keep-alive: this client drops an idle connection well before the node's
-server would (``KEEPALIVE_S`` < the node's ``timeout_keep_alive``), so a request is never
-written onto a connection the node is closing; a request that may be repeated safely
-(GET, DELETE, the load probe) is retried once on a connection that turned out stale.
+watcher's budget bounds it, and the watcher, not one slow connect, decides liveness.
+Keep-alive: this client drops an idle connection well before the node's server would
+(``KEEPALIVE_S`` < the node's ``timeout_keep_alive``), so a request is never written onto
+a connection the node is closing; a request that may be repeated safely (GET, DELETE, the
+load probe) is retried once on a connection that turned out stale.
 
 A node's answers are not trusted blindly: one that does not parse as what a dsec node
 sends, or that names a sandbox of another node, ends the request with :class:`NodeLost`
 naming the node (never a 500, never another node's sandbox handed on), and the watcher
 is told (``on_untrusted``), so the node gets no requests for a while.
+
+A node's answer to a create carries what it holds as it answers (:data:`LOAD_HEADER`),
+passed to the watcher (``on_counts``): between its probes, a gateway so sees the nodes it
+places on with the other gateways' placements on them.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from dsec.gateway import metrics
 from dsec.placement.admission import NodeLoad
 from dsec.sdk.transport import FastTransport
 
-__all__ = ["HttpNodeClient", "KEEPALIVE_S", "NODE_KEEPALIVE_S", "load_to_wire"]
+__all__ = ["HttpNodeClient", "KEEPALIVE_S", "LOAD_HEADER", "NODE_KEEPALIVE_S", "counts_header",
+           "counts_from_header", "load_to_wire"]
 
 KEEPALIVE_S = 4.0        # this client forgets an idle connection after this long...
 NODE_KEEPALIVE_S = 30.0  # ...well before a node's server closes one (uvicorn's setting)
@@ -62,6 +68,32 @@ def _makes_sandboxes(request) -> bool:
     """Whether a request in flight makes sandboxes (a create or a batch)."""
     return request.method == "POST" and request.url.path.rstrip("/").endswith(
         ("/v1/sandboxes", "/v1/sandboxes/batch"))
+
+
+# A node's answer to a create carries what it holds as it answers: "<sandboxes>
+# <memory_reserved_mb> <cpu_reserved>". The gateway takes it as a fresh look at that node,
+# the other gateways' placements on it included, at no request of its own.
+LOAD_HEADER = "x-dsec-node-load"
+_LOAD_HEADER = LOAD_HEADER.encode()
+_MAX_COUNT = 1 << 40
+
+
+def counts_header(load: NodeLoad) -> str:
+    return f"{load.sandboxes} {load.memory_reserved_mb} {load.cpu_reserved:.3f}"
+
+
+def counts_from_header(value: bytes | str) -> tuple[int, int, float] | None:
+    """(sandboxes, memory_reserved_mb, cpu_reserved) from :data:`LOAD_HEADER`'s value;
+    None for anything else (a node's figures steer placement only when they make sense).
+    Pure."""
+    try:
+        n, mem, cpu = value.split()
+        sandboxes, memory, cores = int(n), int(mem), float(cpu)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if not (0 <= sandboxes < _MAX_COUNT and 0 <= memory < _MAX_COUNT and 0 <= cores < _MAX_COUNT):
+        return None  # also NaN, which compares false
+    return sandboxes, memory, cores
 
 
 def load_to_wire(load: NodeLoad) -> dict:
@@ -128,6 +160,9 @@ class HttpNodeClient:
         self.aborted = False  # ...and ended its creates in flight too
         # told (node id, why) when the node answers what no dsec node sends
         self.on_untrusted: Callable[[str, str], None] | None = None
+        # told (node id, its counts, when the request was sent) when a create's answer
+        # says what the node holds (LOAD_HEADER)
+        self.on_counts: Callable[[str, tuple[int, int, float], float], None] | None = None
         # the SDK's transport: httpcore's pool costs ~0.5 ms of CPU per request (more with
         # many in flight), which was most of what the gateway added to a request
         self._transport = FastTransport(max_connections=max_connections,
@@ -238,18 +273,23 @@ class HttpNodeClient:
         """The body of the node's answer to a request with a whole body (JSON, or none):
         what :meth:`_send` does, on the transport's short path (no httpx Request or
         Response built: they were a tenth of the CPU of a relayed create)."""
+        return (await self._exchange(method, path, body, timeout))[1]
+
+    async def _exchange(self, method: str, path: str, body: bytes | None = None,
+                        timeout: dict | None = None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """:meth:`_call`, with the answer's headers: (headers, body)."""
         headers = self._raw if body is None else self._raw_json
         if rid := REQUEST_ID.get():
             headers = [*headers, (b"x-request-id", rid.encode("latin-1"))]
         if (scope := caller_scope.get()) is not None:
             headers = [*headers, (SCOPE_HEADER.encode(), scope.encode("latin-1"))]
-        status, content = await self._retried(lambda: self._transport.exchange(
+        status, head, content = await self._retried(lambda: self._transport.exchange(
             method, self._url(path), headers, body or b"", timeout or self._timeout),
             method in IDEMPOTENT)
         _ANSWERED.set(True)
         if status >= 400:
             raise self._error(status, content)
-        return content
+        return head, content
 
     async def _retried(self, once, resendable: bool):
         """``once()``, again once on a connection the node closed as it was reused when
@@ -333,7 +373,17 @@ class HttpNodeClient:
 
     # ---- sandboxes ----
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        return self._own(await self._model(SandboxInfo, "POST", "/v1/sandboxes", spec))
+        sent_at = time.monotonic()
+        head, content = await self._exchange("POST", "/v1/sandboxes",
+                                             spec.model_dump_json().encode())
+        info = self._own(SandboxInfo.model_validate_json(content))
+        if self.on_counts is not None:
+            for name, value in head:
+                if name.lower() == _LOAD_HEADER:
+                    if (counts := counts_from_header(value)) is not None:
+                        self.on_counts(self.node_id, counts, sent_at)
+                    break
+        return info
 
     async def create_many(self, count: int, spec: SandboxSpec, request_id: str | None = None,
                           first_index: int = 0) -> tuple[list[SandboxInfo], list[str]]:

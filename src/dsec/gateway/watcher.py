@@ -21,6 +21,11 @@ Each node is probed on its own: a full refresh starts a probe of every node that
 none in flight and does not wait for them, so one hung node (each probe of it waits
 ``timeout_s``) does not slow the refresh of the others into looking stale.
 
+Between probes, a node's answer to one of this gateway's creates carries what the node
+holds (:meth:`Watcher.counted`): the other gateways' placements on it show at once, not a
+period later. Several gateways placing at once otherwise each saw the others' creates
+only at the next probe, and piled onto the nodes that had looked emptiest to all of them.
+
 The rules are the pure :func:`health` and :class:`Pending`; the loop is the only I/O.
 """
 
@@ -54,6 +59,7 @@ class NodeView:
     error: str | None = None      # why the last one failed
     in_process: bool = False      # the node lives in this process: it cannot go away
     distrusted_until: float = 0.0  # it answered what no node sends: no requests until then
+    counted_at: float | None = None  # when the create went out whose answer set its counts
 
 
 def health(view: NodeView, now: float, stale_after_s: float, max_failures: int = 2) -> bool:
@@ -124,6 +130,7 @@ class Watcher:
         self._healthy: list[NodeView] | None = None  # healthy views, until _healthy_until
         self._healthy_until = 0.0
         self._remote: list[NodeLoad] | None = None  # their loads, when none is in process
+        self._remote_at: dict[str, int] = {}  # node id -> its place in _remote
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._suspects: set[str] = set()  # to probe before the next full refresh
@@ -150,6 +157,7 @@ class Watcher:
             # placement (160 nodes: the loop below was a few % of a create's CPU)
             self._remote = None if any(v.in_process for v in self._healthy) else [
                 v.load for v in self._healthy]
+            self._remote_at = {v.node_id: i for i, v in enumerate(self._healthy)}
         if self._remote is not None:
             return list(self._remote)
         out = []
@@ -208,11 +216,34 @@ class Watcher:
         if client is not None:
             self._changed(client)
 
+    def counted(self, node_id: str, counts: tuple[int, int, float], sent_at: float) -> None:
+        """A node's answer to a create said what it holds (sandboxes, memory and CPU
+        reserved): its load is taken as that at once, with the other gateways' placements
+        on it, and this gateway's own placements on it made before ``sent_at`` (when the
+        create went out) are forgotten, as a probe started then would. Between probes each
+        gateway so sees the nodes it places on as they are, not as they were up to a
+        period ago (with 4 gateways at once, that staleness piled creates onto the nodes
+        that looked emptiest to all of them). Health is not touched: only probes decide."""
+        view = self.views.get(node_id)
+        if view is None or view.load is None or view.in_process:
+            return
+        sandboxes, memory_mb, cpu = counts
+        load = replace(view.load, sandboxes=sandboxes, memory_reserved_mb=memory_mb,
+                       cpu_reserved=cpu)
+        self.views[node_id] = view = replace(view, load=load, counted_at=sent_at)
+        self.pending.seen(node_id, sent_at)
+        if self._healthy is not None and (i := self._remote_at.get(node_id)) is not None:
+            self._healthy[i] = view  # the healthy set is the same: no rebuild
+            if self._remote is not None:
+                self._remote[i] = load
+
     def _members(self) -> list[NodeClient]:
         clients = self.cluster.clients()
         for c in clients:
             if hasattr(c, "on_untrusted"):
                 c.on_untrusted = self.distrust
+            if hasattr(c, "on_counts"):
+                c.on_counts = self.counted
         self._clients = {c.node_id: c for c in clients}
         for gone in set(self.views) - set(self._clients):
             self.views.pop(gone, None)
@@ -307,6 +338,11 @@ class Watcher:
             return
         if view.failures:
             log.info("node %s answers again", client.node_id)
+        if view.counted_at is not None and view.counted_at > started and view.load is not None:
+            # a create that went out after this probe did answered first: its counts are
+            # the later ones
+            load = replace(load, sandboxes=view.load.sandboxes, cpu_reserved=view.load.cpu_reserved,
+                           memory_reserved_mb=view.load.memory_reserved_mb)
         self._put(replace(view, load=load, seen_at=started, load_at=asked_at, failures=0,
                           error=view.error if self.clock() < view.distrusted_until else None))
         self.pending.seen(client.node_id, started)

@@ -12,7 +12,7 @@ from dsec.api.errors import DSecError, InvalidArgument
 from dsec.api.models import (CreateManyRequest, CreateManyResponse, ExecRequest, ExecResult,
                              ImageSummary, InputRequest, NodeInfo, PackDiffRequest, SandboxInfo,
                              SandboxList, SandboxSpec, ShellInfo, ShellRunRequest)
-from dsec.cluster.http import load_to_wire
+from dsec.cluster.http import LOAD_HEADER, counts_header, load_to_wire
 from dsec.gateway import admitted
 from dsec.gateway.auth import principal_of
 from dsec.gateway.fastlane import hot
@@ -35,7 +35,11 @@ async def create(request: Request, spec: SandboxSpec) -> Response:
     placement picks; a node that refuses is skipped and the next choice tried."""
     gw = gateway_of(request)
     if gw.projects is None:  # a node's own API: its gateway admitted the create
-        return model_response(await admitted.place(gw, spec), 201)
+        info = await admitted.place(gw, spec)
+        resp = model_response(info, 201)
+        if (load := node_load(gw, info.node)) is not None:  # for the gateway's watcher
+            resp.headers[LOAD_HEADER] = counts_header(load)
+        return resp
     return model_response(await admitted.create_one(gw, principal_of(request), spec), 201)
 
 
@@ -168,3 +172,9 @@ async def nodes(request: Request) -> list[NodeInfo]:
         else:
             raise n
     return out + [lost_node(gw.watcher, node_id) for node_id in down]
+
+
+def node_load(gw, node_id: str) -> NodeLoad | None:
+    """The load now of ``node_id`` when it lives in this process (a node's own API)."""
+    load_now = getattr(gw.watcher.client(node_id), "load_now", None)
+    return load_now() if load_now is not None else None
