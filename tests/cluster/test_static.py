@@ -25,13 +25,13 @@ NODES = 5
 
 @contextlib.asynccontextmanager
 async def _gateway(urls: list[str], period_s: float = 0.2, seen: list | None = None):
-    """A gateway over ``urls`` on loopback; its watcher is appended to ``seen``."""
+    """A gateway over ``urls`` on loopback; its app is appended to ``seen``."""
     import uvicorn
     watcher_cluster = StaticCluster(urls, TOKEN)
     watcher = Watcher(watcher_cluster, period_s=period_s, stale_after_s=max(1.0, 5 * period_s))
-    if seen is not None:
-        seen.append(watcher)
     app = create_app(watcher_cluster, ROOT, watcher=watcher)
+    if seen is not None:
+        seen.append(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -98,9 +98,10 @@ async def test_a_create_answer_shows_the_gateway_what_other_gateways_placed_ther
     """Between two probes, a gateway learns what a node holds from the node's answers to
     its own creates, the other gateways' placements on it included: several gateways at
     once so do not all pile onto the node that looked emptiest a period ago."""
-    seen: list[Watcher] = []
+    seen: list = []
     async with _gateway(nodes.urls, period_s=60.0, seen=seen) as gw:
-        watcher, = seen
+        gateway = seen[0].state.gateway
+        watcher = gateway.watcher
         assert {v.load.sandboxes for v in watcher.views.values()} == {0}  # its first probe
         spec = {"cpu": 0.05, "memory_mb": 64}
         async with httpx.AsyncClient(timeout=10, headers={
@@ -118,6 +119,12 @@ async def test_a_create_answer_shows_the_gateway_what_other_gateways_placed_ther
         assert there.load.memory_reserved_mb == 4 * 64
         assert watcher.pending.counts().get(there.node_id, 0) == 0  # no double count
         assert sorted(v.load.sandboxes for v in watcher.views.values()) == [0] * (NODES - 1) + [4]
+        # the project ledger is reconciled against the probes' own counts: the create's
+        # answer, which its ledger row is confirmed after, has no node listed
+        before = nodes.counts()
+        await gateway.projects.reconcile(gateway)
+        assert [c.get("GET /v1/sandboxes", 0) for c in nodes.counts().values()] == \
+            [c.get("GET /v1/sandboxes", 0) for c in before.values()]
 
 
 async def test_a_killed_node_is_marked_and_its_sandboxes_answer_node_lost(nodes):

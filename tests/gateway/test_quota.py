@@ -208,7 +208,7 @@ class _OneNode:
 
         client.list = list_
         view = SimpleNamespace(load=SimpleNamespace(sandboxes=len(listed)),
-                               load_at=time.time() + 1)
+                               probed=len(listed), load_at=time.time() + 1)
         self.cluster = SimpleNamespace(clients=lambda: [client])
         self.watcher = SimpleNamespace(view=lambda node: view, healthy=lambda node: True)
 
@@ -274,9 +274,9 @@ async def test_a_node_with_sandboxes_too_young_to_adopt_is_not_listed_again_unti
     await p.reconcile(node)
     await p.reconcile(node)
     assert calls == 1 and p.store.usage("x").sandboxes == 0  # too young: not adopted yet
-    node.watcher.view("node-a").load.sandboxes = 3  # one more appeared
+    node.watcher.view("node-a").probed = 3  # one more appeared
     await p.reconcile(node)
     assert calls == 1
-    node.watcher.view("node-a").load.sandboxes = 1  # some ended
+    node.watcher.view("node-a").probed = 1  # some ended
     await p.reconcile(node)
     assert calls == 2

@@ -300,6 +300,7 @@ async def test_a_create_answers_counts_are_the_nodes_load_until_a_later_probe():
     clock.t = 1000.8
     await w.refresh()
     assert w.view("node-a").load.sandboxes == 40  # ...does not undo its fresher counts
+    assert w.view("node-a").probed == 7  # (what the probe itself said is kept apart)
     clock.t = 1002.0
     await w.refresh()  # a probe sent after it does
     assert {n.node_id: n.sandboxes for n in w.loads()}["node-a"] == 7

@@ -60,6 +60,9 @@ class NodeView:
     in_process: bool = False      # the node lives in this process: it cannot go away
     distrusted_until: float = 0.0  # it answered what no node sends: no requests until then
     counted_at: float | None = None  # when the create went out whose answer set its counts
+    probed: int | None = None     # sandboxes by the last probe itself (asked at load_at): what
+    #                               the project ledger is reconciled against, whose rows are
+    #                               confirmed only after a create's answer has set load
 
 
 def health(view: NodeView, now: float, stale_after_s: float, max_failures: int = 2) -> bool:
@@ -338,12 +341,14 @@ class Watcher:
             return
         if view.failures:
             log.info("node %s answers again", client.node_id)
+        probed = load.sandboxes
         if view.counted_at is not None and view.counted_at > started and view.load is not None:
             # a create that went out after this probe did answered first: its counts are
             # the later ones
             load = replace(load, sandboxes=view.load.sandboxes, cpu_reserved=view.load.cpu_reserved,
                            memory_reserved_mb=view.load.memory_reserved_mb)
-        self._put(replace(view, load=load, seen_at=started, load_at=asked_at, failures=0,
+        self._put(replace(view, load=load, seen_at=started, load_at=asked_at, probed=probed,
+                          failures=0,
                           error=view.error if self.clock() < view.distrusted_until else None))
         self.pending.seen(client.node_id, started)
 

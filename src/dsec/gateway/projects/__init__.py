@@ -126,7 +126,9 @@ class Projects:
             # only rows older than the load: creates since then are in the ledger and
             # not yet in the load, and would have every node listed every round under load
             held = self.ledger.held_on(client.node_id, view.load_at)
-            off = view.load.sandboxes - held
+            # the probe's own count: a create's answer sets the load's to what the node
+            # holds with that create, which the ledger confirms only after it
+            off = (view.probed if view.probed is not None else view.load.sandboxes) - held
             if off == 0:
                 self._listed.pop(client.node_id, None)
                 continue
