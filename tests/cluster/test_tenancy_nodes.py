@@ -33,15 +33,21 @@ class Tenants:
 
     async def on_node(self, who: str, node: str, **spec) -> str:
         """A sandbox of ``who`` on ``node`` (short id): creates until placement puts one
-        there, and stops the others."""
-        http = self.http[who]
-        for _ in range(12):
-            r = await http.post("/v1/sandboxes", json={"memory_mb": 64, **spec})
-            assert r.status_code == 201, r.text
-            sb = r.json()["id"]
-            if self.cluster.node_of(sb) == node:
-                return sb
-            await http.delete(f"/v1/sandboxes/{sb}")
+        there, then stops the others. They are kept meanwhile: placement sees what each
+        node holds (a node's create answer says so), so a sandbox made and stopped on the
+        emptier node would have the next create placed there again."""
+        http, others = self.http[who], []
+        try:
+            for _ in range(24):
+                r = await http.post("/v1/sandboxes", json={"memory_mb": 64, **spec})
+                assert r.status_code == 201, r.text
+                sb = r.json()["id"]
+                if self.cluster.node_of(sb) == node:
+                    return sb
+                others.append(sb)
+        finally:
+            for sb in others:
+                await http.delete(f"/v1/sandboxes/{sb}")
         raise AssertionError(f"placement put no sandbox on {node}")
 
     async def close(self) -> None:
