@@ -106,6 +106,12 @@ class Pending:
         return self.totals
 
 
+def _with_counts(load: NodeLoad, counts: tuple[int, int, float]) -> NodeLoad:
+    """``load`` with (sandboxes, memory_reserved_mb, cpu_reserved) from ``counts``. Pure."""
+    sandboxes, memory_mb, cpu = counts
+    return replace(load, sandboxes=sandboxes, memory_reserved_mb=memory_mb, cpu_reserved=cpu)
+
+
 def _heard(seen_at: float | None, answered_at: float | None) -> float | None:
     """When the node was last heard from: its last good probe or, if later, its last
     answer to anything. Pure."""
@@ -230,9 +236,7 @@ class Watcher:
         view = self.views.get(node_id)
         if view is None or view.load is None or view.in_process:
             return
-        sandboxes, memory_mb, cpu = counts
-        load = replace(view.load, sandboxes=sandboxes, memory_reserved_mb=memory_mb,
-                       cpu_reserved=cpu)
+        load = _with_counts(view.load, counts)
         self.views[node_id] = view = replace(view, load=load, counted_at=sent_at)
         self.pending.seen(node_id, sent_at)
         if self._healthy is not None and (i := self._remote_at.get(node_id)) is not None:
@@ -345,8 +349,8 @@ class Watcher:
         if view.counted_at is not None and view.counted_at > started and view.load is not None:
             # a create that went out after this probe did answered first: its counts are
             # the later ones
-            load = replace(load, sandboxes=view.load.sandboxes, cpu_reserved=view.load.cpu_reserved,
-                           memory_reserved_mb=view.load.memory_reserved_mb)
+            load = _with_counts(load, (view.load.sandboxes, view.load.memory_reserved_mb,
+                                       view.load.cpu_reserved))
         self._put(replace(view, load=load, seen_at=started, load_at=asked_at, probed=probed,
                           failures=0,
                           error=view.error if self.clock() < view.distrusted_until else None))

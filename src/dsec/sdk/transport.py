@@ -57,7 +57,7 @@ class FastTransport(httpx.AsyncBaseTransport):
                        body: bytes, timeouts: dict) -> tuple[int, list[tuple[bytes, bytes]],
                                                            bytes]:
         """One request with a whole body and its whole answer: (status, headers, body),
-        header names in lower case. The same pool, turns, retries and errors as
+        header names as the server sent them. The same pool, turns, retries and errors as
         :meth:`handle_async_request`, without building httpx's Request and Response
         around them (a gateway relays thousands a second: the two were about a tenth of
         the CPU of a relayed create)."""
@@ -66,7 +66,7 @@ class FastTransport(httpx.AsyncBaseTransport):
                 method, url, headers=headers, content=body, extensions={"timeout": timeouts}))
             try:
                 content = await resp.aread()
-                return resp.status_code, [(k.lower(), v) for k, v in resp.headers.raw], content
+                return resp.status_code, resp.headers.raw, content
             finally:
                 await resp.aclose()
         return await self._pool(url).whole(Wire(method, url, headers, body, timeouts))

@@ -128,7 +128,7 @@ class Projects:
             held = self.ledger.held_on(client.node_id, view.load_at)
             # the probe's own count: a create's answer sets the load's to what the node
             # holds with that create, which the ledger confirms only after it
-            off = (view.probed if view.probed is not None else view.load.sandboxes) - held
+            off = view.probed - held
             if off == 0:
                 self._listed.pop(client.node_id, None)
                 continue
